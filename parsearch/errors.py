@@ -1,0 +1,49 @@
+"""One exception hierarchy, so the CLI can print any of them without a traceback.
+
+Messages name the file, the field and what would have been valid: the user reading one
+should be able to fix the input without opening our source.
+"""
+
+from __future__ import annotations
+
+
+class ParsearchError(Exception):
+    """Base of every error parsearch raises on purpose."""
+
+    exit_code = 1
+
+
+class SpaceError(ParsearchError):
+    """A search-space file (or the objects built from it) is malformed or impossible."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = ", ".join(part for part in (source, f"field '{field}'" if field else None) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class LayoutError(ParsearchError):
+    """A parallel layout breaks a divisibility rule for its model and allocation."""
+
+    exit_code = 2
+
+
+class StoreError(ParsearchError):
+    """The results store cannot be opened, read or written."""
+
+
+class CampaignLockedError(StoreError):
+    """Another live driver holds the campaign's lease."""
+
+
+class BackendError(ParsearchError):
+    """A dispatch backend cannot start or lost its workers."""
+
+
+class TrainerError(ParsearchError):
+    """A trainer was configured in a way that cannot run."""
+
+    exit_code = 2
