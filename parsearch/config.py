@@ -17,13 +17,18 @@ from parsearch.errors import LayoutError
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
-MlpKind = Literal["gelu", "swiglu"]
+Arch = Literal["gpt", "llama"]
 Precision = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a decoder-only transformer (GPT or Llama style)."""
+    """Shape of a decoder-only transformer.
+
+    ``arch="gpt"``: GELU MLP, biases, LayerNorm, learned positions, tied embeddings
+    (Megatron's GPT). ``arch="llama"``: SwiGLU MLP, no biases, RMSNorm, rotary positions,
+    untied embeddings, optional grouped-query attention (``num_kv_heads``).
+    """
 
     num_layers: int
     hidden_size: int
@@ -32,8 +37,7 @@ class ModelSpec:
     seq_length: int
     ffn_hidden_size: int | None = None
     num_kv_heads: int | None = None
-    mlp: MlpKind = "gelu"
-    tied_embeddings: bool = True
+    arch: Arch = "gpt"
     name: str = "model"
 
     def __post_init__(self) -> None:
@@ -45,6 +49,8 @@ class ModelSpec:
                 f"model.hidden_size ({self.hidden_size}) must be a multiple of "
                 f"model.num_heads ({self.num_heads})"
             )
+        if self.arch not in ("gpt", "llama"):
+            raise LayoutError(f"model.arch must be 'gpt' or 'llama', got {self.arch!r}")
         if self.num_kv_heads is not None and (
             self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads
         ):
@@ -55,8 +61,12 @@ class ModelSpec:
 
     @property
     def ffn(self) -> int:
-        """FFN width; 4h for GELU MLPs as in GPT, Megatron's default."""
+        """FFN width; 4h by default, as in GPT and Megatron."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return self.arch == "gpt"
 
     @property
     def kv_heads(self) -> int:

@@ -30,8 +30,7 @@ class TrialState(str, enum.Enum):
 
     @property
     def failed(self) -> bool:
-        return self in (TrialState.OOM, TrialState.TIMEOUT, TrialState.ERROR,
-                        TrialState.INFEASIBLE)
+        return self in (TrialState.OOM, TrialState.TIMEOUT, TrialState.ERROR, TrialState.INFEASIBLE)
 
 
 FINISHED_STATES = frozenset(

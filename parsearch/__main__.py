@@ -1,0 +1,5 @@
+import sys
+
+from parsearch.cli import main
+
+sys.exit(main())

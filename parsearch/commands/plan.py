@@ -1,0 +1,96 @@
+"""``parsearch plan SPACE.yaml``: what the space holds before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from typing import Any
+
+from parsearch.space import SpacePlan, load_space
+from parsearch.units import format_bytes
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="count and rank the layouts of a space by the analytic estimate",
+        description="Enumerate a search space: how many layouts do not divide, are predicted "
+        "to run out of memory, or can run; and the best runnable ones by predicted objective.",
+    )
+    parser.add_argument("space", help="search-space YAML file")
+    parser.add_argument("--top", type=int, default=15, help="rows in the table (default 15)")
+    parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.set_defaults(func=run)
+
+
+def plan_rows(plan: SpacePlan, top: int) -> list[dict[str, Any]]:
+    rows = []
+    for rank, (layout, prediction) in enumerate(plan.feasible[:top], start=1):
+        row: dict[str, Any] = {"rank": rank, **layout.to_dict()}
+        row.update(prediction.to_dict())
+        del row["fits"]
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    space = load_space(args.space)
+    plan = space.plan()
+    plan.require_runnable(keep_predicted_oom=True)
+    rows = plan_rows(plan, args.top)
+    counts = {
+        "total": plan.total,
+        "not_dividing": plan.not_dividing_count,
+        "predicted_oom": len(plan.predicted_oom),
+        "feasible": len(plan.feasible),
+    }
+    if args.format == "json":
+        json.dump({"space": space.name, "counts": counts, "top": rows}, sys.stdout, indent=2)
+        print()
+    elif args.format == "csv":
+        if rows:
+            writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        _print_table(space, plan, counts, rows)
+    return 0
+
+
+def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list[dict]) -> None:
+    model, alloc = space.model, space.allocation
+    print(f"space {space.name} ({space.source})")
+    print(
+        f"  model {model.name}: {model.num_layers} layers, hidden {model.hidden_size}, "
+        f"{model.num_heads} heads, seq {model.seq_length}"
+    )
+    print(
+        f"  allocation {alloc.name}: {alloc.nodes} nodes x {alloc.devices_per_node} devices = "
+        f"{space.world_size}, {format_bytes(space.memory_limit_bytes)} per device"
+    )
+    print(
+        f"layouts: {counts['total']} total, {counts['not_dividing']} do not divide, "
+        f"{counts['predicted_oom']} predicted out of memory, {counts['feasible']} feasible"
+    )
+    for reason, count in plan.not_dividing.most_common(3):
+        print(f"  not dividing: {count:6d} x {reason}")
+    if not rows:
+        print("no feasible layout (all predicted out of memory)")
+        return
+    print(f"top {len(rows)} feasible layouts by predicted {space.objective}:")
+    header = (
+        f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>5} {'mbs':>3} {'gas':>4} {'zero':>4} "
+        f"{'recomp':>9} {'vpp':>3} {'sp':>3} {'step s':>9} {'tokens/s':>11} "
+        f"{'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10}"
+    )
+    print(header)
+    for row in rows:
+        print(
+            f"{row['rank']:>3} {row['tp']:>3} {row['pp']:>3} {row['dp']:>5} {row['mbs']:>3} "
+            f"{row['gas']:>4} {row['zero_stage']:>4} {row['recompute']:>9} {row['vpp']:>3} "
+            f"{'y' if row['sequence_parallel'] else 'n':>3} {row['step_time_s']:>9.3g} "
+            f"{row['tokens_per_s']:>11.4g} {row['tflops_per_device']:>8.3g} "
+            f"{row['mfu']:>6.1%} {format_bytes(row['peak_mem_bytes']):>10}"
+        )

@@ -1,0 +1,153 @@
+"""Memory per rank: model states by sharding stage, activations by Korthikanti et al. (2022).
+
+Activation bytes per layer and micro-batch, 16-bit, with dropout (the paper's table):
+``s·b·h·(34 + 5·a·s/h)`` unsharded, ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with tensor parallel
+``t``, ``s·b·h·(34/t + 5·a·s/(h·t))`` with sequence parallel, ``2·s·b·h`` with full
+recompute. We compute the same sum term by term, so it also holds without dropout, in fp32,
+for SwiGLU MLPs and with flash attention (which removes the ``a·s/h`` term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from parsearch.config import ModelSpec, ParallelLayout
+from parsearch.estimate.flops import embedding_params, head_params, layer_params
+
+# Bytes per parameter for (weights, gradients, optimizer states) by precision. Mixed
+# precision follows Megatron's count: 16-bit weights, fp32 gradient accumulation, fp32
+# master weights + Adam moments = 18 bytes; plain fp32 keeps no master copy = 16 bytes.
+_STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}
+_ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    """Knobs of the analytic model that a search space may set (``estimate:`` section)."""
+
+    precision: str = "bf16"
+    flash_attention: bool = True
+    dropout: bool = False
+    runtime_overhead_bytes: int = 0
+    compute_efficiency: float = 0.55
+    gemm_half_efficiency_elements: float = 2.0**19
+    dp_overlap: float = 0.7
+    collective_latency_s: float = 30e-6
+
+    def __post_init__(self) -> None:
+        if self.precision not in _STATE_BYTES:
+            raise ValueError(f"precision must be one of {sorted(_STATE_BYTES)}")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak bytes on the most loaded rank, by category."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    overhead: float
+    stage: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.overhead
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Bytes one layer keeps for backward, for one micro-batch, on one TP rank."""
+    s, b, h = model.seq_length, layout.mbs, model.hidden_size
+    t = layout.tp
+    e = _ACTIVATION_BYTES[settings.precision]
+    sbh = s * b * h
+    if layout.recompute == "full":
+        return e * sbh / (t if layout.sequence_parallel else 1)
+    mask = 1 if settings.dropout else 0
+    # Replicated across TP ranks unless sequence parallel: two norm inputs, the attention and
+    # MLP inputs, two dropout masks.
+    replicated = (4 * e + 2 * mask) * sbh
+    if layout.sequence_parallel:
+        replicated /= t
+    ffn_ratio = model.ffn / h
+    mlp_saved = (4 if model.arch == "llama" else 2) * ffn_ratio
+    kv_ratio = model.kv_heads / model.num_heads
+    # Sharded by heads / FFN columns: Q, K, V, the attention output, the MLP intermediates.
+    sharded = e * (1 + 2 * kv_ratio + 1 + mlp_saved) * sbh / t
+    scores = 0.0
+    if not settings.flash_attention and layout.recompute != "selective":
+        scores = model.num_heads * s * s * b * (e + mask * (1 + e)) / t
+    return replicated + sharded + scores
+
+
+def _in_flight_microbatches(layout: ParallelLayout, stage: int, schedule: str) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak."""
+    if layout.pp == 1 or schedule == "gpipe":
+        return layout.gas if schedule == "gpipe" else 1
+    if layout.vpp > 1:
+        # Korthikanti et al.: interleaving costs the first stage a factor 1 + (p-1)/(p·v).
+        extra = (layout.pp - 1) / (layout.pp * layout.vpp)
+        return min(layout.gas * 1.0, (layout.pp - stage) * (1 + extra))
+    return min(layout.gas, layout.pp - stage)
+
+
+def memory_by_stage(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    settings: EstimateSettings,
+    schedule: str = "1f1b",
+) -> list[MemoryEstimate]:
+    """Predicted peak memory of a rank in each pipeline stage."""
+    weight_b, grad_b, optim_b = _STATE_BYTES[settings.precision]
+    e = _ACTIVATION_BYTES[settings.precision]
+    t, dp, pp = layout.tp, layout.dp, layout.pp
+    layers_per_stage = model.num_layers // pp
+    act_layer = activation_bytes_per_layer(model, layout, settings)
+    s, b = model.seq_length, layout.mbs
+    estimates = []
+    for stage in range(pp):
+        params = layers_per_stage * layer_params(model) / t
+        if stage == 0:
+            params += embedding_params(model) / t
+        if stage == pp - 1:
+            params += head_params(model) / t
+            if model.tied_embeddings and pp > 1:
+                # Megatron keeps a copy of the tied embedding on the last stage.
+                params += model.vocab_size * model.hidden_size / t
+        weights = params * weight_b / (dp if layout.zero_stage >= 3 else 1)
+        grads = params * grad_b / (dp if layout.zero_stage >= 2 else 1)
+        optimizer = params * optim_b / (dp if layout.zero_stage >= 1 else 1)
+        in_flight = _in_flight_microbatches(layout, stage, schedule)
+        activations = in_flight * layers_per_stage * act_layer
+        if layout.recompute == "full":
+            # Backward re-materialises one layer's full activations at a time.
+            activations += activation_bytes_per_layer(
+                model, replace(layout, recompute="none"), settings
+            )
+        if stage == pp - 1:
+            # Logits and their softmax for the loss, in fp32, one micro-batch at a time.
+            activations += 2 * 4 * s * b * model.vocab_size / t + e * s * b * model.hidden_size
+        estimates.append(
+            MemoryEstimate(
+                weights=weights,
+                grads=grads,
+                optimizer=optimizer,
+                activations=activations,
+                overhead=float(settings.runtime_overhead_bytes),
+                stage=stage,
+            )
+        )
+    return estimates
+
+
+def memory_per_rank(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    settings: EstimateSettings | None = None,
+    schedule: str = "1f1b",
+) -> MemoryEstimate:
+    """Peak predicted memory over all ranks (the stage that runs out first)."""
+    stages = memory_by_stage(model, layout, settings or EstimateSettings(), schedule)
+    return max(stages, key=lambda estimate: estimate.total)

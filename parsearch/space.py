@@ -1,0 +1,551 @@
+"""Search-space files: load, validate, enumerate and prune.
+
+A space file names a model, an allocation, which layout dimensions are searched (lists,
+powers of two or ranges), what is fixed (the global batch), the trainer, the objective and an
+optional memory cap. Loading is strict: an unknown key, a wrong type or an empty range is a
+:class:`~parsearch.errors.SpaceError` that names the file, the field and what would be
+valid, so a typo never silently becomes a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsearch.config import (
+    RECOMPUTE_CHOICES,
+    AllocationSpec,
+    ModelSpec,
+    ParallelLayout,
+    layout_violations,
+)
+from parsearch.errors import LayoutError, SpaceError
+from parsearch.estimate import EstimateSettings, Prediction, predict
+from parsearch.units import format_bytes, parse_bytes, parse_rate
+
+OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
+DIMENSIONS: tuple[str, ...] = (
+    "tp",
+    "pp",
+    "mbs",
+    "gas",
+    "zero_stage",
+    "recompute",
+    "vpp",
+    "sequence_parallel",
+)
+_DIMENSION_DEFAULTS: dict[str, Any] = {
+    "zero_stage": 0,
+    "recompute": "none",
+    "vpp": 1,
+    "sequence_parallel": False,
+}
+_TOP_KEYS = (
+    "name",
+    "description",
+    "model",
+    "allocation",
+    "search",
+    "global_batch",
+    "objective",
+    "memory_cap",
+    "trainer",
+    "estimate",
+)
+_MODEL_KEYS = {f.name for f in fields(ModelSpec)}
+_ALLOCATION_KEYS = (
+    "name",
+    "nodes",
+    "devices_per_node",
+    "device_memory",
+    "peak_tflops",
+    "intra_node_bandwidth",
+    "inter_node_bandwidth",
+    "device",
+)
+_ESTIMATE_KEYS = (
+    "precision",
+    "flash_attention",
+    "dropout",
+    "runtime_overhead",
+    "compute_efficiency",
+    "gemm_half_efficiency_elements",
+    "dp_overlap",
+    "collective_latency_s",
+)
+TRAINER_KINDS = ("builtin", "command")
+_BUILTIN_TRAINER_KEYS = (
+    "kind",
+    "steps",
+    "warmup_steps",
+    "timeout",
+    "schedule",
+    "precision",
+    "device",
+    "enforce_memory_cap",
+)
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space. ``dimensions`` maps each layout field to its candidates."""
+
+    name: str
+    source: str
+    model: ModelSpec
+    allocation: AllocationSpec
+    dimensions: dict[str, tuple[Any, ...]]
+    global_batch: int | None
+    objective: str
+    memory_cap_bytes: int | None
+    trainer: dict[str, Any]
+    estimate: EstimateSettings
+    description: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.allocation.world_size
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """What a rank may use: the device, or the space's cap when that is lower."""
+        limit = self.allocation.device_memory_bytes
+        return min(limit, self.memory_cap_bytes) if self.memory_cap_bytes else limit
+
+    @property
+    def schedule(self) -> str:
+        return str(self.trainer.get("schedule", "1f1b"))
+
+    @property
+    def searched(self) -> dict[str, tuple[Any, ...]]:
+        """Dimensions with more than one candidate: what the optimiser explores."""
+        return {name: values for name, values in self.dimensions.items() if len(values) > 1}
+
+    def layout_from_point(self, point: Mapping[str, Any]) -> ParallelLayout | None:
+        """Complete a point of the searched dimensions into a layout (dp, and gas when the
+        global batch is fixed, are derived). ``None`` when the derivation does not divide."""
+        values = {name: candidates[0] for name, candidates in self.dimensions.items()}
+        values.update({name: point[name] for name in self.searched if name in point})
+        tp, pp = int(values["tp"]), int(values["pp"])
+        if self.world_size % (tp * pp):
+            return None
+        dp = self.world_size // (tp * pp)
+        mbs = int(values["mbs"])
+        if "gas" not in self.dimensions:
+            assert self.global_batch is not None  # guaranteed by the loader
+            if self.global_batch % (mbs * dp):
+                return None
+            values["gas"] = self.global_batch // (mbs * dp)
+        return ParallelLayout(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            mbs=mbs,
+            gas=int(values["gas"]),
+            zero_stage=int(values["zero_stage"]),
+            recompute=str(values["recompute"]),
+            vpp=int(values["vpp"]),
+            sequence_parallel=bool(values["sequence_parallel"]),
+        )
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        """Every combination of the searched dimensions."""
+        names = list(self.searched)
+        for combo in itertools.product(*(self.searched[name] for name in names)):
+            yield dict(zip(names, combo, strict=True))
+
+    def violations(self, layout: ParallelLayout) -> list[str]:
+        return layout_violations(layout, self.model, self.world_size, self.global_batch)
+
+    def predict(self, layout: ParallelLayout) -> Prediction:
+        return predict(self.model, layout, self.allocation, self.estimate, self.schedule)
+
+    def fits(self, prediction: Prediction) -> bool:
+        return prediction.memory.total <= self.memory_limit_bytes
+
+    def plan(self) -> SpacePlan:
+        """Enumerate the whole space once and sort every point into what can run."""
+        total = 0
+        reasons: Counter[str] = Counter()
+        oom: list[tuple[ParallelLayout, Prediction]] = []
+        feasible: list[tuple[ParallelLayout, Prediction]] = []
+        for point in self.points():
+            total += 1
+            layout = self.layout_from_point(point)
+            if layout is None:
+                reasons[self._derivation_failure(point)] += 1
+                continue
+            problems = self.violations(layout)
+            if problems:
+                reasons[problems[0]] += 1
+                continue
+            prediction = self.predict(layout)
+            (feasible if self.fits(prediction) else oom).append((layout, prediction))
+        feasible.sort(key=lambda item: -getattr(item[1], self.objective))
+        return SpacePlan(self, total, reasons, oom, feasible)
+
+    def _derivation_failure(self, point: Mapping[str, Any]) -> str:
+        tp = point.get("tp", self.dimensions["tp"][0])
+        pp = point.get("pp", self.dimensions["pp"][0])
+        if self.world_size % (tp * pp):
+            return f"tp*pp does not divide the world size {self.world_size}"
+        return f"mbs*dp does not divide the global batch {self.global_batch}"
+
+
+@dataclass
+class SpacePlan:
+    """A space sorted into what does not divide, what is predicted OOM and what can run."""
+
+    space: SearchSpace
+    total: int
+    not_dividing: Counter[str]
+    predicted_oom: list[tuple[ParallelLayout, Prediction]]
+    feasible: list[tuple[ParallelLayout, Prediction]]
+
+    @property
+    def not_dividing_count(self) -> int:
+        return sum(self.not_dividing.values())
+
+    def require_runnable(self, *, keep_predicted_oom: bool = False) -> None:
+        """Raise a :class:`SpaceError` explaining why nothing in the space can run."""
+        space = self.space
+        if self.feasible or (keep_predicted_oom and self.predicted_oom):
+            return
+        if not self.predicted_oom:
+            common = "; ".join(f"{reason} ({n}x)" for reason, n in self.not_dividing.most_common(3))
+            raise SpaceError(
+                f"no layout of the {self.total} in the space divides: {common}. World size is "
+                f"{space.world_size} ({space.allocation.nodes} nodes x "
+                f"{space.allocation.devices_per_node} devices); choose tp and pp whose product "
+                f"divides it, tp dividing num_heads {space.model.num_heads} and hidden_size "
+                f"{space.model.hidden_size}, pp dividing num_layers {space.model.num_layers}",
+                source=space.source,
+                field="search",
+            )
+        smallest = min(self.predicted_oom, key=lambda item: item[1].memory.total)
+        raise SpaceError(
+            f"every one of the {len(self.predicted_oom)} dividing layouts is predicted to run "
+            f"out of memory: the smallest, {smallest[0].short()}, needs "
+            f"{format_bytes(smallest[1].memory.total)} per rank but the limit is "
+            f"{format_bytes(space.memory_limit_bytes)}. Allow larger tp/pp, zero_stage or "
+            f"recompute in 'search', more nodes, or a smaller model (or pass "
+            f"--keep-predicted-oom to run them anyway)",
+            source=space.source,
+            field="search",
+        )
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate a search-space YAML file."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpaceError("file not found", source=source) from None
+    except OSError as error:
+        raise SpaceError(f"cannot read: {error.strerror}", source=source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise SpaceError(f"not valid YAML{where}: {problem}", source=source) from None
+    return space_from_dict(data, source=source)
+
+
+def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
+    """Validate an already-parsed space (the store keeps spaces as loaded, as dicts)."""
+    reader = _Reader(source)
+    top = reader.mapping(data, "", _TOP_KEYS, required=("model", "allocation", "search"))
+    model = reader.model(top["model"])
+    allocation = reader.allocation(top["allocation"])
+    global_batch = None
+    if "global_batch" in top:
+        global_batch = reader.positive_int(top["global_batch"], "global_batch")
+    dimensions = reader.dimensions(top["search"], has_global_batch=global_batch is not None)
+    objective = top.get("objective", "tokens_per_s")
+    if objective not in OBJECTIVES:
+        raise reader.error("objective", f"must be one of {list(OBJECTIVES)}, got {objective!r}")
+    memory_cap = None
+    if "memory_cap" in top:
+        memory_cap = reader.size(top["memory_cap"], "memory_cap")
+    trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
+    estimate = reader.estimate(top.get("estimate", {}))
+    name = top.get("name") or Path(source).stem
+    if not isinstance(name, str):
+        raise reader.error("name", f"must be a string, got {name!r}")
+    return SearchSpace(
+        name=name,
+        source=source,
+        model=model,
+        allocation=allocation,
+        dimensions=dimensions,
+        global_batch=global_batch,
+        objective=objective,
+        memory_cap_bytes=memory_cap,
+        trainer=trainer,
+        estimate=estimate,
+        description=str(top.get("description", "")),
+        raw=data,
+    )
+
+
+class _Reader:
+    """Validation helpers that know which file they read, for error messages."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, field_name: str, message: str) -> SpaceError:
+        return SpaceError(message, source=self.source, field=field_name or None)
+
+    def mapping(
+        self,
+        value: Any,
+        where: str,
+        allowed: tuple[str, ...] | set[str],
+        required: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            kind = type(value).__name__ if value is not None else "nothing"
+            raise self.error(where, f"must be a mapping of keys to values, got {kind}")
+        for key in value:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), list(allowed), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise self.error(
+                    _join(where, str(key)),
+                    f"unknown key{hint}; valid keys here: {', '.join(sorted(allowed))}",
+                )
+        for key in required:
+            if key not in value:
+                raise self.error(_join(where, key), "is required but missing")
+        return value
+
+    def positive_int(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.error(where, f"must be a positive integer, got {value!r}")
+        return value
+
+    def positive_number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.error(where, f"must be a positive number, got {value!r}")
+        return float(value)
+
+    def size(self, value: Any, where: str) -> int:
+        try:
+            return parse_bytes(value)
+        except ValueError as error:
+            raise self.error(where, str(error)) from None
+
+    def rate(self, value: Any, where: str) -> float:
+        try:
+            return parse_rate(value)
+        except ValueError as error:
+            raise self.error(where, str(error)) from None
+
+    def model(self, value: Any) -> ModelSpec:
+        data = self.mapping(
+            value,
+            "model",
+            _MODEL_KEYS,
+            required=("num_layers", "hidden_size", "num_heads", "vocab_size", "seq_length"),
+        )
+        kwargs: dict[str, Any] = {}
+        for key, item in data.items():
+            if key in ("name", "arch"):
+                kwargs[key] = str(item)
+            elif item is None and key in ("ffn_hidden_size", "num_kv_heads"):
+                continue
+            else:
+                kwargs[key] = self.positive_int(item, f"model.{key}")
+        try:
+            return ModelSpec(**kwargs)
+        except LayoutError as error:
+            raise self.error("model", str(error)) from None
+
+    def allocation(self, value: Any) -> AllocationSpec:
+        data = self.mapping(
+            value,
+            "allocation",
+            _ALLOCATION_KEYS,
+            required=("nodes", "devices_per_node", "device_memory", "peak_tflops"),
+        )
+        device = data.get("device", "cuda")
+        if device not in ("cuda", "cpu"):
+            raise self.error("allocation.device", f"must be 'cuda' or 'cpu', got {device!r}")
+        kwargs: dict[str, Any] = {
+            "nodes": self.positive_int(data["nodes"], "allocation.nodes"),
+            "devices_per_node": self.positive_int(
+                data["devices_per_node"], "allocation.devices_per_node"
+            ),
+            "device_memory_bytes": self.size(data["device_memory"], "allocation.device_memory"),
+            "peak_flops_per_device": 1e12
+            * self.positive_number(data["peak_tflops"], "allocation.peak_tflops"),
+            "device": device,
+            "name": str(data.get("name", "allocation")),
+        }
+        if "intra_node_bandwidth" in data:
+            kwargs["intra_node_bandwidth_bytes_per_s"] = self.rate(
+                data["intra_node_bandwidth"], "allocation.intra_node_bandwidth"
+            )
+        if "inter_node_bandwidth" in data:
+            kwargs["inter_node_bandwidth_bytes_per_s"] = self.rate(
+                data["inter_node_bandwidth"], "allocation.inter_node_bandwidth"
+            )
+        return AllocationSpec(**kwargs)
+
+    def dimensions(self, value: Any, *, has_global_batch: bool) -> dict[str, tuple[Any, ...]]:
+        if isinstance(value, dict) and "dp" in value:
+            raise self.error(
+                "search.dp",
+                "dp is derived as world_size / (tp*pp) and cannot be searched; remove it",
+            )
+        data = self.mapping(value, "search", DIMENSIONS, required=("tp", "pp", "mbs"))
+        if "gas" not in data and not has_global_batch:
+            raise self.error(
+                "search.gas",
+                "is required unless 'global_batch' is set (then gas = global_batch/(mbs*dp))",
+            )
+        dimensions: dict[str, tuple[Any, ...]] = {}
+        for name in DIMENSIONS:
+            if name in data:
+                dimensions[name] = self._candidates(data[name], f"search.{name}", name)
+            elif name in _DIMENSION_DEFAULTS:
+                dimensions[name] = (_DIMENSION_DEFAULTS[name],)
+        return dimensions
+
+    def _candidates(self, value: Any, where: str, name: str) -> tuple[Any, ...]:
+        if name == "recompute":
+            values = value if isinstance(value, list) else [value]
+            bad = [v for v in values if v not in RECOMPUTE_CHOICES]
+            if bad or not values:
+                raise self.error(
+                    where, f"values must be from {list(RECOMPUTE_CHOICES)}, got {value!r}"
+                )
+            return tuple(dict.fromkeys(values))
+        if name == "sequence_parallel":
+            values = value if isinstance(value, list) else [value]
+            if not values or any(not isinstance(v, bool) for v in values):
+                raise self.error(where, f"values must be true/false, got {value!r}")
+            return tuple(dict.fromkeys(values))
+        minimum = 0 if name == "zero_stage" else 1
+        if isinstance(value, dict):
+            values = self._range(value, where)
+        elif isinstance(value, list):
+            values = value
+        else:
+            values = [value]
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
+                raise self.error(
+                    where, f"values must be integers >= {minimum}, got {item!r} in {value!r}"
+                )
+        if name == "zero_stage" and any(item > 3 for item in values):
+            raise self.error(where, f"zero_stage values must be 0, 1, 2 or 3, got {value!r}")
+        if not values:
+            raise self.error(where, f"is empty: {value!r} gives no candidate")
+        return tuple(sorted(set(values)))
+
+    def _range(self, value: dict[str, Any], where: str) -> list[int]:
+        """``{pow2: [lo, hi]}`` or ``{range: [lo, hi], step: k}``."""
+        forms = "{pow2: [lo, hi]} or {range: [lo, hi], step: k}"
+        keys = set(value)
+        if keys == {"pow2"}:
+            low, high = self._bounds(value["pow2"], f"{where}.pow2")
+            first = 1 << max(0, math.ceil(math.log2(low)))
+            values = []
+            power = first
+            while power <= high:
+                values.append(power)
+                power *= 2
+            if not values:
+                raise self.error(where, f"no power of two lies in [{low}, {high}]")
+            return values
+        if keys in ({"range"}, {"range", "step"}):
+            low, high = self._bounds(value["range"], f"{where}.range")
+            step = self.positive_int(value.get("step", 1), f"{where}.step")
+            return list(range(low, high + 1, step))
+        raise self.error(where, f"a range must be written {forms}, got {value!r}")
+
+    def _bounds(self, value: Any, where: str) -> tuple[int, int]:
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        ):
+            raise self.error(where, f"must be two integers [low, high], got {value!r}")
+        low, high = value
+        if low < 1 or high < low:
+            raise self.error(where, f"is empty: need 1 <= low <= high, got [{low}, {high}]")
+        return low, high
+
+    def trainer(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error("trainer", f"must be a mapping, got {type(value).__name__}")
+        kind = value.get("kind", "builtin")
+        if kind not in TRAINER_KINDS:
+            raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
+        if kind == "command":
+            raise self.error(
+                "trainer.kind",
+                "'command' trainers are not available in this version; use 'builtin'",
+            )
+        data = dict(self.mapping(value, "trainer", _BUILTIN_TRAINER_KEYS))
+        data["kind"] = kind
+        if "steps" in data:
+            self.positive_int(data["steps"], "trainer.steps")
+        warmup = data.get("warmup_steps", 0)
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise self.error("trainer.warmup_steps", f"must be an integer >= 0, got {warmup!r}")
+        if "timeout" in data:
+            data["timeout"] = self.positive_number(data["timeout"], "trainer.timeout")
+        if data.get("schedule", "1f1b") not in SCHEDULES:
+            raise self.error(
+                "trainer.schedule", f"must be one of {list(SCHEDULES)}, got {data['schedule']!r}"
+            )
+        if data.get("precision", "auto") not in ("auto", "bf16", "fp32"):
+            raise self.error("trainer.precision", "must be 'auto', 'bf16' or 'fp32'")
+        if data.get("device", "auto") not in ("auto", "cpu", "cuda"):
+            raise self.error("trainer.device", "must be 'auto', 'cpu' or 'cuda'")
+        return data
+
+    def estimate(self, value: Any) -> EstimateSettings:
+        data = self.mapping(value, "estimate", _ESTIMATE_KEYS)
+        kwargs: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"estimate.{key}"
+            if key == "precision":
+                if item not in ("bf16", "fp16", "fp32"):
+                    raise self.error(where, f"must be 'bf16', 'fp16' or 'fp32', got {item!r}")
+                kwargs[key] = item
+            elif key in ("flash_attention", "dropout"):
+                if not isinstance(item, bool):
+                    raise self.error(where, f"must be true or false, got {item!r}")
+                kwargs[key] = item
+            elif key == "runtime_overhead":
+                kwargs["runtime_overhead_bytes"] = self.size(item, where)
+            elif key in ("compute_efficiency", "dp_overlap"):
+                number = self.positive_number(item, where)
+                if number > 1:
+                    raise self.error(where, f"must lie in (0, 1], got {item!r}")
+                kwargs[key] = number
+            else:
+                kwargs[key] = self.positive_number(item, where)
+        return EstimateSettings(**kwargs)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install parsearch with its dev/CI dependencies, once.
+# torch is pinned through constraints/dev.txt (a CPU build on the development machines);
+# the package itself only asks for a torch range. Re-running is cheap: a stamp records what
+# was installed and the install is skipped while pyproject.toml and the constraints match.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.parsearch-installed"
+want="$(cat pyproject.toml constraints/dev.txt | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -c constraints/dev.txt -e ".[dev]"
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,59 @@
+"""``parsearch plan`` end to end through the console entry point (real subprocess)."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
+
+
+def _parsearch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "parsearch", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_plan_prints_counts_and_table_quickly(path):
+    start = time.perf_counter()
+    result = _parsearch("plan", str(path))
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert "total" in result.stdout and "feasible" in result.stdout
+    assert "top" in result.stdout and "mem/rank" in result.stdout
+    assert elapsed < 5, f"plan took {elapsed:.1f}s"
+
+
+def test_plan_json_and_csv_agree():
+    space = str(ROOT / "search_spaces" / "gpt-175b-frontier.yaml")
+    data = json.loads(_parsearch("plan", space, "--format", "json", "--top", "5").stdout)
+    counts = data["counts"]
+    assert counts["total"] == counts["not_dividing"] + counts["predicted_oom"] + counts["feasible"]
+    assert len(data["top"]) == 5
+    rows = list(
+        csv.DictReader(
+            io.StringIO(_parsearch("plan", space, "--format", "csv", "--top", "5").stdout)
+        )
+    )
+    assert [int(row["tp"]) for row in rows] == [row["tp"] for row in data["top"]]
+    objectives = [row["tokens_per_s"] for row in data["top"]]
+    assert objectives == sorted(objectives, reverse=True)
+
+
+def test_bad_space_exits_2_with_one_paragraph_and_no_traceback(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        (ROOT / "search_spaces" / "tiny-cpu.yaml").read_text().replace("num_heads:", "num_head:")
+    )
+    result = _parsearch("plan", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert str(path) in result.stderr and "model.num_head" in result.stderr
+    assert "did you mean 'num_heads'" in result.stderr
