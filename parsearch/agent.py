@@ -1,0 +1,410 @@
+"""The node agent: starts one node's ranks of a trial, watches them, and always cleans up.
+
+Every backend (local, MPI, Ray) runs trials through this module, so a trial that runs out of
+memory, hangs or crashes only ever kills its own processes, never a worker:
+
+* each rank is a subprocess in its own session (``start_new_session=True``), so killing its
+  process group also kills anything it started;
+* its stdout and stderr go to ``<trial_dir>/rank<N>.log``, never to a pipe that could fill up
+  and block it; only a bounded tail of a log is ever read back;
+* ``spec.timeout_s`` is enforced; when one rank fails the others get ``grace_s`` seconds to
+  finish or fail on their own (their logs then say why), then are killed, because a rank
+  whose peer died may wait in a collective forever;
+* exits are observed with ``waitid(WNOWAIT)``, which leaves the rank a zombie until its
+  process group has been killed, so the group id can never be reused by an unrelated process
+  before we signal it.
+
+:class:`NodeRun` is the non-blocking form (``start``/``poll``/``kill``) the backends use;
+:func:`run_node` the blocking one, and :func:`run_local` runs every node of a trial on this
+machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from parsearch.result import TrialResult, TrialState
+from parsearch.trial import TrialSpec
+
+OOM_MARKERS = (
+    "out of memory",
+    "outofmemoryerror",
+    "hiperroroutofmemory",
+    "can't allocate memory",
+)
+TAIL_BYTES = 64 * 1024
+TAIL_LINES = 200
+OK_TAIL_BYTES = 4 * 1024
+SPEC_FILE = "spec.json"
+RESULT_FILE = "result.json"
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port that was free a moment ago (for a rendezvous: bind it soon)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def read_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str:
+    """The last ``max_lines`` lines within the last ``max_bytes`` bytes of a file."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read(max_bytes)
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-max_lines:])
+
+
+def looks_like_oom(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in OOM_MARKERS)
+
+
+def default_command(trial_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "parsearch.bench",
+        "--spec",
+        str(trial_dir / SPEC_FILE),
+        "--out",
+        str(trial_dir / RESULT_FILE),
+    ]
+
+
+def _uses_gpu(spec: TrialSpec) -> bool:
+    return spec.allocation.device != "cpu" and spec.trainer.get("device", "auto") != "cpu"
+
+
+def _visible_devices_var() -> str:
+    """ROCm (``/dev/kfd``, or ROCR_VISIBLE_DEVICES already in use) or CUDA; one of the two
+    only, because both filters would apply one after the other."""
+    if "ROCR_VISIBLE_DEVICES" in os.environ or Path("/dev/kfd").exists():
+        return "ROCR_VISIBLE_DEVICES"
+    return "CUDA_VISIBLE_DEVICES"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in process group ``pgid`` (via /proc)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name (which may contain spaces) start with the state.
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+@dataclass
+class _Rank:
+    rank: int
+    pid: int
+    log: Path
+    popen: subprocess.Popen
+    exit_code: int | None = None
+
+
+class NodeRun:
+    """One node's ranks of one trial, started by :meth:`start` and watched by :meth:`poll`."""
+
+    def __init__(
+        self,
+        spec: TrialSpec,
+        node_rank: int,
+        nnodes: int,
+        master_addr: str,
+        master_port: int,
+        trial_dir: Path,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        grace_s: float = 3.0,
+    ) -> None:
+        self.spec = spec
+        self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.trial_dir = Path(trial_dir)
+        self.custom_command = command is not None
+        self.command = list(command) if command is not None else default_command(self.trial_dir)
+        self.extra_env = dict(env or {})
+        self.grace_s = grace_s
+        self.ranks: list[_Rank] = []
+        self.result: TrialResult | None = None
+        self._start = 0.0
+        self._first_failure: tuple[float, int] | None = None
+
+    def global_ranks(self) -> range:
+        per_node = self.spec.ranks_per_node
+        world = self.spec.layout.world_size
+        first = self.node_rank * per_node
+        return range(first, min(first + per_node, world))
+
+    def start(self) -> NodeRun:
+        """Write the spec and start this node's ranks."""
+        world = self.spec.layout.world_size
+        if self.nnodes * self.spec.ranks_per_node < world or not self.global_ranks():
+            raise ValueError(
+                f"node {self.node_rank} of {self.nnodes} has no ranks of a {world}-rank trial "
+                f"at {self.spec.ranks_per_node} ranks per node"
+            )
+        self.trial_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = self.trial_dir / SPEC_FILE
+        tmp = spec_path.with_name(f".{SPEC_FILE}.{os.getpid()}.{self.node_rank}.tmp")
+        tmp.write_text(self.spec.to_json())
+        tmp.replace(spec_path)
+        self._start = time.monotonic()
+        local_ranks = self.global_ranks()
+        for local, rank in enumerate(local_ranks):
+            log = self.trial_dir / f"rank{rank}.log"
+            with log.open("wb") as out:
+                popen = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=self._rank_env(rank, local, len(local_ranks)),
+                    cwd=self.trial_dir,
+                    start_new_session=True,
+                )
+            self.ranks.append(_Rank(rank, popen.pid, log, popen))
+        return self
+
+    def _rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(local),
+            WORLD_SIZE=str(self.spec.layout.world_size),
+            LOCAL_WORLD_SIZE=str(local_world),
+            GROUP_RANK=str(self.node_rank),
+            NODE_RANK=str(self.node_rank),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+        # Make the rank's source importable when it runs from the trial directory.
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if _uses_gpu(self.spec):
+            var = _visible_devices_var()
+            visible = env.get(var)
+            devices = visible.split(",") if visible else None
+            env[var] = devices[local % len(devices)] if devices else str(local)
+        return env
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks]
+
+    def poll(self) -> TrialResult | None:
+        """The result once every rank has ended (or been killed), else ``None``."""
+        if self.result is not None:
+            return self.result
+        now = time.monotonic()
+        for rank in self.ranks:
+            if rank.exit_code is None:
+                rank.exit_code = _exit_code(rank.pid)
+                if rank.exit_code not in (None, 0) and self._first_failure is None:
+                    self._first_failure = (now, rank.rank)
+        if all(r.exit_code is not None for r in self.ranks):
+            return self._finish(None)
+        if now - self._start > self.spec.timeout_s:
+            return self._finish(TrialState.TIMEOUT)
+        if self._first_failure is not None and now - self._first_failure[0] > self.grace_s:
+            return self._finish(None)
+        return None
+
+    def kill(self) -> TrialResult:
+        """Cancel: kill every rank and report the trial as interrupted (if it had not
+        already finished)."""
+        if self.result is not None:
+            return self.result
+        return self._finish(TrialState.INTERRUPTED)
+
+    def wait(self, poll_interval_s: float = 0.05) -> TrialResult:
+        """Block until :meth:`poll` has a result; an exception here (e.g. Ctrl-C) kills the
+        ranks before it propagates."""
+        try:
+            while (result := self.poll()) is None:
+                time.sleep(poll_interval_s)
+            return result
+        finally:
+            if self.result is None:
+                self.kill()
+
+    def _finish(self, forced: TrialState | None) -> TrialResult:
+        """Kill whatever is left, reap every rank, and build the result."""
+        still_running = {r.rank for r in self.ranks if r.exit_code is None}
+        self._kill_groups()
+        for rank in self.ranks:
+            code = rank.popen.wait()
+            if rank.exit_code is None:
+                rank.exit_code = code
+        self.result = self._classify(forced, still_running)
+        self.result.hosts = [socket.gethostname()]
+        self.result.duration_s = time.monotonic() - self._start
+        return self.result
+
+    def _kill_groups(self, term_wait_s: float = 1.0) -> None:
+        """SIGTERM each rank's process group, then SIGKILL what is left."""
+        groups = [r.pid for r in self.ranks]
+        for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 5.0)):
+            alive = [g for g in groups if _group_alive(g)]
+            for group in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, sig)
+            deadline = time.monotonic() + wait_s
+            while alive and time.monotonic() < deadline:
+                alive = [g for g in alive if _group_alive(g)]
+                if alive:
+                    time.sleep(0.02)
+
+    def _classify(self, forced: TrialState | None, killed: set[int]) -> TrialResult:
+        failed = [r for r in self.ranks if r.rank not in killed and r.exit_code != 0]
+        if forced is TrialState.INTERRUPTED:
+            return TrialResult(status=forced, error="cancelled")
+        tails = {r.rank: read_tail(r.log) for r in self.ranks}
+        oom = [r for r in self.ranks if looks_like_oom(tails[r.rank])]
+        if forced is TrialState.TIMEOUT and not oom:
+            stuck = sorted(killed)
+            return TrialResult(
+                status=TrialState.TIMEOUT,
+                error=f"timed out after {self.spec.timeout_s:g} s; ranks {stuck} still running",
+                log_tail=tails[stuck[0]] if stuck else "",
+            )
+        if oom:
+            return TrialResult(
+                status=TrialState.OOM,
+                error=f"rank {oom[0].rank} ran out of memory",
+                log_tail=tails[oom[0].rank],
+            )
+        if failed:
+            first = self._first_failure[1] if self._first_failure else failed[0].rank
+            worst = next(r for r in self.ranks if r.rank == first)
+            return TrialResult(
+                status=TrialState.ERROR,
+                error=f"rank {worst.rank} {_describe_exit(worst.exit_code)}",
+                log_tail=tails[worst.rank],
+            )
+        return self._success(tails)
+
+    def _success(self, tails: dict[int, str]) -> TrialResult:
+        """Every rank exited 0: node 0 reports what rank 0 wrote."""
+        first = self.ranks[0]
+        tail = read_tail(first.log, OK_TAIL_BYTES)
+        if self.node_rank != 0:
+            return TrialResult(status=TrialState.OK, log_tail=tail)
+        path = self.trial_dir / RESULT_FILE
+        try:
+            result = TrialResult.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            if self.custom_command:  # a command trainer parses the logs itself
+                return TrialResult(status=TrialState.OK, log_tail=tail)
+            return TrialResult(
+                status=TrialState.ERROR,
+                error=f"every rank exited 0 but rank 0 wrote no {RESULT_FILE}",
+                log_tail=tails[first.rank],
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            return TrialResult(
+                status=TrialState.ERROR,
+                error=f"unreadable {path}: {exc}",
+                log_tail=tails[first.rank],
+            )
+        result.log_tail = result.log_tail or tail
+        return result
+
+
+def _exit_code(pid: int) -> int | None:
+    """The exit code (negative: killed by that signal) of an ended child, without reaping
+    it; ``None`` while it runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else -code
+        hint = " (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def run_node(
+    spec: TrialSpec,
+    node_rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    trial_dir: Path,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> TrialResult:
+    """Run this node's ranks of ``spec`` to the end and return the node's result."""
+    run = NodeRun(spec, node_rank, nnodes, master_addr, master_port, trial_dir, command, env)
+    return run.start().wait()
+
+
+def run_local(
+    spec: TrialSpec,
+    trial_dir: Path | None = None,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> TrialResult:
+    """Run every node of ``spec`` on this machine (one :class:`NodeRun` each, one rendezvous
+    on 127.0.0.1). When one node fails the others are killed. Without ``trial_dir`` the logs
+    go to a temporary directory that is removed afterwards (the result keeps their tail)."""
+    with contextlib.ExitStack() as stack:
+        if trial_dir is None:
+            trial_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parsearch-")))
+        port = free_port("127.0.0.1")
+        runs = [
+            NodeRun(spec, node, spec.nodes, "127.0.0.1", port, trial_dir, command, env)
+            for node in range(spec.nodes)
+        ]
+        try:
+            for run in runs:
+                run.start()
+            while True:
+                results = [run.poll() for run in runs]
+                failed = [r for r in results if r is not None and not r.ok]
+                if failed or all(r is not None for r in results):
+                    break
+                time.sleep(0.05)
+        finally:
+            results = [run.kill() for run in runs]
+        failed = [r for r in results if not r.ok and r.status is not TrialState.INTERRUPTED]
+        return failed[0] if failed else results[0]

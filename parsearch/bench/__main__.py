@@ -1,0 +1,50 @@
+"""``python -m parsearch.bench --spec trial.json [--out result.json]``: one rank of a trial.
+
+Started once per rank by the node agent (or by ``mpiexec``/``srun``/``torchrun``); the rank's
+place comes from the environment (see :mod:`parsearch.bench.env`). Rank 0 writes the
+:class:`~parsearch.result.TrialResult` as JSON to ``--out`` and prints it as the last line of
+its output. A rank that fails exits non-zero with its traceback on stderr; the agent turns
+that into an ``error`` or ``oom`` result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from parsearch.bench.env import RankEnv
+from parsearch.trial import TrialSpec
+
+
+def write_result(path: Path, data: dict) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parsearch.bench", description=__doc__)
+    parser.add_argument("--spec", required=True, type=Path, help="TrialSpec JSON file")
+    parser.add_argument("--out", type=Path, help="where rank 0 writes the result JSON")
+    args = parser.parse_args(argv)
+    spec = TrialSpec.from_json(args.spec.read_text())
+    env = RankEnv.from_environ()
+
+    from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
+
+    device = resolve_device(TrainerSettings.from_spec(spec), env)
+    with process_group(env, device, spec.timeout_s):
+        result = train(spec, env)
+    if result is not None:
+        data = result.to_dict()
+        if args.out is not None:
+            write_result(args.out, data)
+        print(json.dumps(data), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,381 @@
+"""One trial of the built-in benchmark, as run by every rank: build the parallel model, train
+a few steps on synthetic tokens, time them and measure memory.
+
+Numerics are those of one process training on the whole global batch: every layout starts
+from the same weights (see :func:`parsearch.bench.model.init_weights`), sees the same tokens,
+and its loss is the mean token cross-entropy over the global batch, so each micro-batch's
+mean loss is divided by the number of micro-batches (``gas``) and gradients are averaged over
+data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from parsearch.bench.env import RankEnv
+from parsearch.bench.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
+from parsearch.bench.model import Transformer, materialize
+from parsearch.bench.parallelize import (
+    SCHEDULES,
+    align_gradients,
+    allreduce_gradients,
+    apply_fsdp,
+    apply_recompute,
+    apply_tp,
+    build_schedule,
+    make_loss,
+    set_gradient_sync,
+    split_stage,
+    stage_ids,
+    sum_tied_embedding_grads,
+    tied_embedding_group,
+)
+from parsearch.config import check_layout
+from parsearch.errors import TrainerError
+from parsearch.estimate import flops_per_step
+from parsearch.result import TrialResult, TrialState
+from parsearch.trial import TrialSpec
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The built-in trainer's options (the ``trainer:`` section of a search space).
+
+    ``device``/``precision`` default to ``auto``: CUDA with bf16 autocast and NCCL when a GPU
+    is visible, else CPU with fp32 and gloo. ``memory_cap_bytes`` turns a measured peak above
+    it into an ``oom`` result (the memory wall of a CPU rehearsal); ``enforce_memory_cap``
+    uses ``allocation.device_memory_bytes`` as the cap.
+    """
+
+    steps: int = 5
+    warmup_steps: int = 2
+    schedule: str = "1f1b"
+    device: str = "auto"
+    precision: str = "auto"
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    memory_cap_bytes: int | None = None
+    enforce_memory_cap: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: TrialSpec) -> TrainerSettings:
+        known = {f.name for f in fields(cls)}
+        options = {k: v for k, v in spec.trainer.items() if k != "kind"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            print(
+                f"parsearch.bench: ignoring unknown trainer settings {unknown}; "
+                f"known: {sorted(known)}",
+                file=sys.stderr,
+            )
+        settings = cls(**{k: v for k, v in options.items() if k in known})
+        if settings.steps < 1 or settings.warmup_steps < 1:
+            raise TrainerError(
+                "trainer.steps and trainer.warmup_steps must be >= 1 (the last warm-up step is "
+                f"the one whose memory is traced); got {settings.steps}, {settings.warmup_steps}"
+            )
+        if settings.schedule not in SCHEDULES:
+            raise TrainerError(f"trainer.schedule must be one of {list(SCHEDULES)}")
+        if settings.device not in ("auto", "cpu", "cuda"):
+            raise TrainerError("trainer.device must be 'auto', 'cpu' or 'cuda'")
+        if settings.precision not in ("auto", "bf16", "fp32"):
+            raise TrainerError("trainer.precision must be 'auto', 'bf16' or 'fp32'")
+        return settings
+
+    def memory_cap(self, spec: TrialSpec) -> int | None:
+        if self.memory_cap_bytes is not None:
+            return int(self.memory_cap_bytes)
+        return spec.allocation.device_memory_bytes if self.enforce_memory_cap else None
+
+
+def resolve_device(settings: TrainerSettings, env: RankEnv) -> torch.device:
+    """The rank's device: ``cuda:<local rank>`` modulo the visible devices (the node agent
+    makes one visible per rank), or the CPU."""
+    kind = settings.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise TrainerError("trainer.device is 'cuda' but no GPU is visible")
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_precision(settings: TrainerSettings, device: torch.device) -> str:
+    if settings.precision != "auto":
+        return settings.precision
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def synthetic_batch(spec: TrialSpec) -> torch.Tensor:
+    """The global batch ``[global_batch, seq + 1]`` of tokens, the same for every layout of a
+    seed; each step trains on it again, so the loss falls visibly."""
+    generator = torch.Generator().manual_seed(spec.seed)
+    shape = (spec.layout.global_batch, spec.model.seq_length + 1)
+    return torch.randint(spec.model.vocab_size, shape, generator=generator)
+
+
+class ParallelJob:
+    """The model of one rank, wrapped for its layout, with its optimizer and step."""
+
+    def __init__(self, spec: TrialSpec, settings: TrainerSettings, device: torch.device) -> None:
+        layout, model = spec.layout, spec.model
+        self.spec, self.layout, self.device = spec, layout, device
+        self.mesh = init_device_mesh(
+            device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
+        )
+        self._loss = make_loss(self.mesh["tp"])
+        with torch.device("meta"):
+            whole = Transformer(model)
+        num_stages = layout.pp * layout.vpp
+        self.ids = stage_ids(layout, self.mesh["pp"].get_local_rank())
+        self.modules: list[Transformer] = [
+            split_stage(whole, i, num_stages) if num_stages > 1 else whole for i in self.ids
+        ]
+        for module in self.modules:
+            apply_tp(
+                module,
+                self.mesh["tp"],
+                layout.sequence_parallel,
+            )
+            materialize(module, device, spec.seed)
+            apply_recompute(module, layout.recompute)
+            if layout.zero_stage:
+                apply_fsdp(module, self.mesh["dp"], layout.zero_stage)
+        self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
+        self.optimizer = torch.optim.AdamW(
+            _groups_by_mesh(self.params),
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            foreach=True,
+        )
+        self.autocast = precision_context(resolve_precision(settings, device), device)
+        self.schedule = None
+        if layout.pp > 1:
+            self.schedule = build_schedule(
+                self.modules,
+                self.ids,
+                layout,
+                self.mesh["pp"].get_group(),
+                device,
+                self._loss,
+                settings.schedule,
+            )
+        self.tied_group = tied_embedding_group(self.mesh, model)
+        self.first = self.ids[0] == 0
+        self.last = self.ids[-1] == num_stages - 1
+        tokens = synthetic_batch(spec)
+        rows = layout.mbs * layout.gas
+        start = self.mesh["dp"].get_local_rank() * rows
+        local = tokens[start : start + rows].to(device)
+        self.inputs, self.targets = local[:, :-1].contiguous(), local[:, 1:].contiguous()
+
+    def _zero_grads(self) -> None:
+        """Zero gradients in place (kept allocated, like Megatron's gradient buffer), one
+        ``foreach`` call per parameter group: ``Optimizer.zero_grad`` would batch tensors of
+        every group together and DTensors cannot be mixed with plain tensors."""
+        for group in self.optimizer.param_groups:
+            grads = [p.grad for p in group["params"] if p.grad is not None]
+            if grads:
+                torch._foreach_zero_(grads)
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step; returns this rank's share of the global mean loss (summed
+        over all ranks it gives the loss of the step)."""
+        layout = self.layout
+        self._zero_grads()
+        total = torch.zeros((), device=self.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            args = (self.inputs,) if self.first else ()
+            with self.autocast():
+                self.schedule.step(
+                    *args,
+                    target=self.targets if self.last else None,
+                    losses=losses if self.last else None,
+                )
+            if losses:
+                total = torch.stack([loss.detach().float() for loss in losses]).sum()
+        else:
+            inputs = self.inputs.chunk(layout.gas)
+            targets = self.targets.chunk(layout.gas)
+            for index, (x, y) in enumerate(zip(inputs, targets, strict=True)):
+                if layout.zero_stage == 1:
+                    set_gradient_sync(self.modules, index == layout.gas - 1)
+                with self.autocast():
+                    loss = self._loss(self.modules[0](x), y)
+                (loss / layout.gas).backward()
+                total = total + loss.detach().float()
+        align_gradients(self.params)
+        if layout.dp > 1 and layout.zero_stage == 0:
+            allreduce_gradients(self.params, self.mesh["dp"].get_group())
+        if self.tied_group is not None:
+            sum_tied_embedding_grads(self.modules, self.tied_group)
+        self.optimizer.step()
+        owns_loss = self.last and self.mesh["tp"].get_local_rank() == 0
+        return total / (layout.gas * layout.dp) if owns_loss else torch.zeros_like(total)
+
+
+def _groups_by_mesh(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """One optimizer parameter group per device mesh (plain tensors together), so the
+    ``foreach`` kernels never mix DTensors of different meshes with plain tensors."""
+    groups: dict[Any, list[nn.Parameter]] = {}
+    for param in params:
+        groups.setdefault(getattr(param, "device_mesh", None), []).append(param)
+    return [{"params": group} for group in groups.values()]
+
+
+def precision_context(precision: str, device: torch.device):
+    """A factory of the forward's precision context: bf16 autocast, or nothing for fp32."""
+    if precision == "bf16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Iterator[None]:
+    """The trial's process group (NCCL on GPU, gloo on CPU) for the duration of the block."""
+    from datetime import timedelta
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=max(timeout_s, 60.0))
+    if env.master_port is None:  # a lone process: no rendezvous needed
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train(spec: TrialSpec, env: RankEnv) -> TrialResult | None:
+    """Run the trial on this rank (inside :func:`process_group`); rank 0 returns the result,
+    the other ranks ``None``."""
+    settings = TrainerSettings.from_spec(spec)
+    device = resolve_device(settings, env)
+    check_layout(spec.layout, spec.model, env.world_size)
+    job = ParallelJob(spec, settings, device)
+    peak = TensorPeak(device)
+    cap = settings.memory_cap(spec)
+    losses, times = [], []
+    peak.reset()
+    reset_peak_rss()
+    total_steps = settings.warmup_steps + settings.steps
+    status = TrialState.OK
+    for index in range(total_steps):
+        traced = index == settings.warmup_steps - 1
+        dist.barrier()
+        _synchronize(device)
+        start = time.perf_counter()
+        with peak.track(job.modules, job.optimizer) if traced else contextlib.nullcontext():
+            losses.append(job.step())
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+        if traced and cap is not None:
+            worst = _reduce(torch.tensor([peak.finish() or 0], device=device), dist.ReduceOp.MAX)
+            if worst[0] > cap:
+                status = TrialState.OOM
+                break
+    return _report(spec, settings, env, job, peak, status, cap, losses, times)
+
+
+def _reduce(tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
+    dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def _gather(values: list[int | None], device: torch.device) -> list[list[int | None]]:
+    """``values`` of every rank, in rank order (``-1`` stands for ``None`` on the wire)."""
+    local = torch.tensor([-1 if v is None else v for v in values], dtype=torch.int64, device=device)
+    out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return [[None if v < 0 else int(v) for v in row.tolist()] for row in out]
+
+
+def _report(
+    spec: TrialSpec,
+    settings: TrainerSettings,
+    env: RankEnv,
+    job: ParallelJob,
+    peak: TensorPeak,
+    status: TrialState,
+    cap: int | None,
+    losses: list[torch.Tensor],
+    times: list[float],
+) -> TrialResult | None:
+    """Combine every rank's figures (collectives: all ranks must call it) into rank 0's
+    result."""
+    device = job.device
+    step_losses = _reduce(torch.stack(losses), dist.ReduceOp.SUM).tolist()
+    step_times = _reduce(torch.tensor(times, device=device, dtype=torch.float64), dist.ReduceOp.MAX)
+    memory = _gather([peak.finish(), peak_rss_bytes()], device)
+    if env.rank != 0:
+        return None
+    layout, model = spec.layout, spec.model
+    peaks = [row[0] for row in memory]
+    rss = [row[1] for row in memory]
+    metrics: dict[str, Any] = {
+        "layout": layout.to_dict(),
+        "world_size": env.world_size,
+        "device": device.type,
+        "precision": resolve_precision(settings, device),
+        "schedule": ("interleaved1f1b" if layout.vpp > 1 else settings.schedule)
+        if layout.pp > 1
+        else None,
+        "warmup_steps": settings.warmup_steps,
+        "steps": settings.steps,
+        "losses": step_losses,
+        "peak_mem_bytes": max((p for p in peaks if p is not None), default=None),
+        "peak_mem_bytes_per_rank": peaks,
+        "peak_mem_source": "max_memory_allocated" if device.type == "cuda" else "MemTracker",
+        "peak_rss_bytes": max((r for r in rss if r is not None), default=None),
+        "peak_rss_bytes_per_rank": rss,
+        "memory_cap_bytes": cap,
+    }
+    if status is TrialState.OOM:
+        return TrialResult(
+            status=status,
+            metrics=metrics,
+            error=f"measured peak {metrics['peak_mem_bytes']} B exceeds the cap of {cap} B",
+        )
+    measured = step_times.tolist()[settings.warmup_steps :]
+    step_time = statistics.median(measured)
+    tokens = layout.global_batch * model.seq_length
+    flops = flops_per_step(model, layout.global_batch, recompute="none")
+    tflops = flops / step_time / env.world_size / 1e12
+    metrics |= {
+        "step_time_s": step_time,
+        "step_time_spread_s": max(measured) - min(measured),
+        "step_times_s": step_times.tolist(),
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_time,
+        "model_flops_per_step": flops,
+        "tflops_per_device": tflops,
+        "mfu": tflops * 1e12 / spec.allocation.peak_flops_per_device,
+    }
+    return TrialResult(status=TrialState.OK, metrics=metrics)
