@@ -1,0 +1,296 @@
+"""Exports must be accepted by the real trainers, so each test holds the trainer's own flags.
+
+The flag and key lists below were read from the trainers' sources (cited per list), and every
+exporter's output for hundreds of layouts of the shipped spaces was also parsed once by the
+real Megatron-LM and Megatron-DeepSpeed argparse parsers and torchtitan v0.2.2's
+``ConfigManager`` (which rejects unknown keys). These tests keep that contract without
+installing the trainers: an argparse parser with the same flag kinds and choices must accept
+the output and read back the measured layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+
+import pytest
+
+from parsearch.config import ParallelLayout
+from parsearch.exports import EXPORTERS, ExportError, export
+from parsearch.space import SearchSpace, space_from_dict
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+# NVIDIA/Megatron-LM megatron/training/arguments.py (+ argument_utils.py dataclass flags) at
+# d98e8a64, 2026-08-22: kind of action and choices, as its parser defines them.
+MEGATRON_LM_FLAGS: dict[str, dict] = {
+    "--tensor-model-parallel-size": {"type": int},
+    "--pipeline-model-parallel-size": {"type": int},
+    "--micro-batch-size": {"type": int},
+    "--global-batch-size": {"type": int},
+    "--num-layers-per-virtual-pipeline-stage": {"type": int},
+    "--sequence-parallel": {"action": "store_true"},
+    "--recompute-granularity": {"choices": ["full", "selective"]},
+    "--recompute-method": {"choices": ["uniform", "block"]},
+    "--recompute-num-layers": {"type": int},
+    "--use-distributed-optimizer": {"action": "store_true"},
+    "--use-megatron-fsdp": {"action": "store_true"},
+    "--data-parallel-sharding-strategy": {
+        "choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"]
+    },
+}
+# microsoft/Megatron-DeepSpeed megatron/arguments.py at f4157bea, 2024-12-24; --deepspeed and
+# --deepspeed_config are added by deepspeed.add_config_arguments (deepspeed/__init__.py).
+MEGATRON_DEEPSPEED_FLAGS: dict[str, dict] = {
+    **{
+        flag: kind
+        for flag, kind in MEGATRON_LM_FLAGS.items()
+        if flag not in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy")
+    },
+    "--zero-stage": {"type": int},
+    "--no-pipeline-parallel": {"action": "store_true"},
+    "--deepspeed": {"action": "store_true"},
+    "--deepspeed_config": {"type": str},
+    "--deepspeed-activation-checkpointing": {"action": "store_true"},
+}
+# deepspeedai/DeepSpeed at edaa7221, 2026-08-22: deepspeed/runtime/constants.py,
+# deepspeed/runtime/zero/config.py, deepspeed/runtime/activation_checkpointing/config.py.
+DEEPSPEED_KEYS = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+    "bf16",
+    "fp16",
+    "activation_checkpointing",
+}
+DEEPSPEED_CHECKPOINT_KEYS = {
+    "partition_activations",
+    "number_checkpoints",
+    "contiguous_memory_optimization",
+    "synchronize_checkpoint_boundary",
+    "profile",
+    "cpu_checkpointing",
+}
+# pytorch/torchtitan torchtitan/config/job_config.py at tag v0.2.2 (fields of Training,
+# Parallelism and ActivationCheckpoint that the exporter may write).
+TORCHTITAN_KEYS = {
+    "training": {"local_batch_size", "global_batch_size", "seq_len"},
+    "parallelism": {
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_layers_per_stage",
+        "pipeline_parallel_first_stage_less_layers",
+        "pipeline_parallel_last_stage_less_layers",
+    },
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+}
+# torch/distributed/pipelining/schedules.py get_schedule_class (torch 2.13).
+TORCH_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble"}
+
+SPACE = {
+    "name": "export-test",
+    "model": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "vocab_size": 32000,
+        "seq_length": 4096,
+    },
+    "allocation": {
+        "nodes": 8,
+        "devices_per_node": 8,
+        "device_memory": "80GiB",
+        "peak_tflops": 989,
+    },
+    "search": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "mbs": [1, 2]},
+    "global_batch": 256,
+    "estimate": {"precision": "bf16"},
+}
+
+
+@pytest.fixture(scope="module")
+def space() -> SearchSpace:
+    return space_from_dict(SPACE)
+
+
+def _layout(**changes) -> ParallelLayout:
+    base = ParallelLayout(tp=2, pp=4, dp=8, mbs=1, gas=32)
+    return dataclasses.replace(base, **changes)
+
+
+LAYOUTS = [
+    _layout(),
+    _layout(tp=8, pp=1, dp=8, mbs=2, gas=16, zero_stage=1, sequence_parallel=True),
+    _layout(recompute="full", zero_stage=1),
+    _layout(recompute="selective", vpp=2),
+    _layout(tp=4, pp=1, dp=16, gas=16, zero_stage=3, recompute="full"),
+    _layout(tp=1, pp=1, dp=64, gas=4, zero_stage=2),
+]
+
+# DeepSpeed's pipeline engine runs neither interleaving nor ZeRO-2/3 with PP.
+DEEPSPEED_RUNNABLE = [
+    layout
+    for layout in LAYOUTS
+    if layout.vpp == 1 and not (layout.pp > 1 and layout.zero_stage > 1)
+]
+
+
+def _parser(flags: dict[str, dict]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for flag, kind in flags.items():
+        parser.add_argument(flag, **kind)
+    return parser
+
+
+def _parse(flags: dict[str, dict], text: str) -> argparse.Namespace:
+    # shlex.split: the way a launcher script's $(parsearch best ...) will split it.
+    return _parser(flags).parse_args(shlex.split(text))
+
+
+def _recompute(args: argparse.Namespace) -> str:
+    return args.recompute_granularity or "none"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=ParallelLayout.short)
+def test_megatron_lm_parser_accepts_the_layout(layout, space):
+    args = _parse(MEGATRON_LM_FLAGS, export("megatron", layout, space))
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (
+        layout.tp,
+        layout.pp,
+    )
+    assert args.micro_batch_size == layout.mbs
+    assert args.global_batch_size == layout.global_batch
+    assert args.sequence_parallel == layout.sequence_parallel
+    assert _recompute(args) == layout.recompute
+    if layout.recompute == "full":
+        assert (args.recompute_method, args.recompute_num_layers) == ("uniform", 1)
+    else:
+        assert args.recompute_method is None  # Megatron refuses a method with selective
+    assert args.use_distributed_optimizer == (layout.zero_stage == 1)
+    sharding = {2: "optim_grads", 3: "optim_grads_params"}.get(layout.zero_stage)
+    assert args.data_parallel_sharding_strategy == sharding
+    assert args.use_megatron_fsdp == (sharding is not None)
+    if layout.vpp > 1:
+        stages = space.model.num_layers // args.num_layers_per_virtual_pipeline_stage
+        assert stages == layout.pp * layout.vpp
+    else:
+        assert args.num_layers_per_virtual_pipeline_stage is None
+
+
+@pytest.mark.parametrize(
+    "layout",
+    DEEPSPEED_RUNNABLE,
+    ids=ParallelLayout.short,
+)
+def test_megatron_deepspeed_parser_accepts_the_layout_and_agrees_with_ds_config(layout, space):
+    args = _parse(MEGATRON_DEEPSPEED_FLAGS, export("megatron-deepspeed", layout, space))
+    assert args.deepspeed and args.deepspeed_config == "ds_config.json"
+    assert args.zero_stage == layout.zero_stage
+    assert args.no_pipeline_parallel == (layout.pp == 1)
+    assert args.deepspeed_activation_checkpointing == (layout.recompute == "full")
+    assert _recompute(args) == layout.recompute
+    config = json.loads(export("deepspeed", layout, space))
+    assert config["train_batch_size"] == args.global_batch_size
+    assert config["train_micro_batch_size_per_gpu"] == args.micro_batch_size
+
+
+@pytest.mark.parametrize(
+    "layout",
+    DEEPSPEED_RUNNABLE,
+    ids=ParallelLayout.short,
+)
+def test_deepspeed_config_uses_real_keys_and_consistent_batches(layout, space):
+    config = json.loads(export("deepspeed", layout, space))
+    assert set(config) <= DEEPSPEED_KEYS
+    # DeepSpeed's own check: train_batch_size = micro * accumulation * DP world size.
+    assert config["train_batch_size"] == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * layout.dp
+    )
+    assert config["zero_optimization"] == {"stage": layout.zero_stage}
+    assert config["bf16"] == {"enabled": True}
+    checkpointing = config.get("activation_checkpointing")
+    assert (checkpointing is not None) == (layout.recompute == "full")
+    assert set(checkpointing or {}) <= DEEPSPEED_CHECKPOINT_KEYS
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "megatron-deepspeed"])
+@pytest.mark.parametrize(
+    "layout,reason",
+    [
+        (_layout(zero_stage=2), "ZeRO-2 and ZeRO-3 with pipeline"),
+        (_layout(zero_stage=3), "ZeRO-2 and ZeRO-3 with pipeline"),
+        (_layout(vpp=2), "no interleaved schedule"),
+    ],
+    ids=["z2-pp", "z3-pp", "vpp"],
+)
+def test_deepspeed_formats_refuse_what_its_pipeline_engine_cannot_run(fmt, layout, reason, space):
+    with pytest.raises(ExportError, match=reason):
+        export(fmt, layout, space)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=ParallelLayout.short)
+def test_torchtitan_toml_uses_v022_keys_and_reproduces_the_layout(layout, space):
+    config = tomllib.loads(export("torchtitan", layout, space))
+    assert set(config) == set(TORCHTITAN_KEYS)
+    for section, keys in TORCHTITAN_KEYS.items():
+        assert set(config[section]) <= keys, section
+    training, parallel = config["training"], config["parallelism"]
+    assert parallel["tensor_parallel_degree"] == layout.tp
+    assert parallel["pipeline_parallel_degree"] == layout.pp
+    replicate = parallel["data_parallel_replicate_degree"]
+    shard = parallel["data_parallel_shard_degree"]
+    assert replicate * shard == layout.dp
+    assert (shard > 1) == (layout.zero_stage > 0 and layout.dp > 1)
+    assert training["global_batch_size"] == layout.global_batch
+    assert training["seq_len"] == space.model.seq_length
+    # torchtitan's arithmetic (train.py, pipeline_parallel.py): accumulation steps times
+    # pipeline micro-batches must give back the trial's micro-batches per step.
+    accumulation = training["global_batch_size"] // (training["local_batch_size"] * layout.dp)
+    microbatches = (
+        training["local_batch_size"] // parallel["pipeline_parallel_microbatch_size"]
+        if layout.pp > 1
+        else 1
+    )
+    assert accumulation * microbatches == layout.gas
+    if layout.pp > 1:
+        assert parallel["pipeline_parallel_schedule"] in TORCH_SCHEDULES
+        assert parallel["pipeline_parallel_microbatch_size"] == layout.mbs
+    if layout.vpp > 1:
+        assert parallel["pipeline_parallel_schedule"] == "Interleaved1F1B"
+        per_stage = parallel["pipeline_parallel_layers_per_stage"]
+        assert space.model.num_layers // per_stage == layout.pp * layout.vpp
+    assert config["activation_checkpoint"]["mode"] == layout.recompute
+
+
+def test_torchtitan_notes_what_it_cannot_express(space):
+    text = export("torchtitan", _layout(zero_stage=1), space)
+    assert "# note: ZeRO-1 has no torchtitan equivalent" in text
+    assert "sequence parallelism" in text  # tp 2 without sequence parallel
+
+
+def test_gpipe_schedule_maps_to_torch_names():
+    data = {**SPACE, "trainer": {"kind": "builtin", "schedule": "gpipe"}}
+    gpipe = space_from_dict(data)
+    assert 'pipeline_parallel_schedule = "GPipe"' in export("torchtitan", _layout(), gpipe)
+    interleaved = export("torchtitan", _layout(vpp=2), gpipe)
+    assert 'pipeline_parallel_schedule = "LoopedBFS"' in interleaved
+
+
+def test_megatron_output_is_one_flag_per_line(space):
+    lines = export("megatron", _layout(recompute="full"), space).splitlines()
+    assert all(line.startswith("--") for line in lines)
+    assert "--recompute-method uniform" in lines
+
+
+def test_unknown_format_names_the_valid_ones(space):
+    with pytest.raises(ExportError, match="megatron, megatron-deepspeed, deepspeed, torchtitan"):
+        export("nemo", _layout(), space)
+    assert list(EXPORTERS) == ["megatron", "megatron-deepspeed", "deepspeed", "torchtitan"]
