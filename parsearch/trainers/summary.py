@@ -1,0 +1,117 @@
+"""Turn what a log said into a trial's metrics, by the same rules for every format.
+
+* Warm-up steps (``index <= warmup_steps``) are excluded: the first iterations pay for
+  allocator growth, kernel selection and compilation.
+* The median of the measured steps is used: one slow step (a checkpoint, a straggler) must
+  not decide a layout's rank.
+* ``tflops_per_device`` and ``mfu`` are always recomputed from the measured step time with
+  the model FLOPs of :func:`parsearch.estimate.flops_per_step` (no recompute), exactly as the
+  built-in benchmark does, so layouts with and without recompute, and trainers that count
+  FLOPs differently, are compared on one scale; a trainer's own figures are kept as
+  ``reported_tflops_per_device`` / ``reported_mfu``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from parsearch.estimate import flops_per_step
+from parsearch.trainers.parsers.base import LogScan, Step
+from parsearch.trial import TrialSpec
+
+
+class NoMeasurement(Exception):
+    """The log holds no usable measurement; the message says why."""
+
+
+def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, Any]:
+    """The metrics of one log (raise :class:`NoMeasurement` when it has none)."""
+    if scan.summary is not None:
+        metrics = _from_summary(scan.summary, spec)
+    else:
+        metrics = _from_steps(scan.steps, spec, warmup_steps)
+    if scan.peak_mem_bytes is not None:
+        metrics["peak_mem_bytes"] = int(scan.peak_mem_bytes)
+    if scan.peak_reserved_bytes is not None:
+        metrics["peak_reserved_bytes"] = int(scan.peak_reserved_bytes)
+        metrics.setdefault("peak_mem_bytes", int(scan.peak_reserved_bytes))
+    return metrics
+
+
+def _tokens_per_step(spec: TrialSpec) -> int:
+    return spec.layout.global_batch * spec.model.seq_length
+
+
+def _with_flops(metrics: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
+    flops = flops_per_step(spec.model, spec.layout.global_batch, recompute="none")
+    tflops = flops / metrics["step_time_s"] / spec.layout.world_size / 1e12
+    metrics.update(
+        tokens_per_step=_tokens_per_step(spec),
+        model_flops_per_step=flops,
+        tflops_per_device=tflops,
+        mfu=tflops * 1e12 / spec.allocation.peak_flops_per_device,
+    )
+    return metrics
+
+
+def _from_summary(summary: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
+    tokens_per_s = summary["tokens_per_s"]
+    if tokens_per_s <= 0:
+        raise NoMeasurement(f"the JSON summary reports tokens_per_s = {tokens_per_s}")
+    metrics: dict[str, Any] = {
+        "tokens_per_s": tokens_per_s,
+        "step_time_s": summary.get("step_time_s") or _tokens_per_step(spec) / tokens_per_s,
+    }
+    for key in ("tflops_per_device", "mfu"):
+        if key in summary:
+            metrics[f"reported_{key}"] = summary[key]
+    if "peak_mem_bytes" in summary:
+        metrics["peak_mem_bytes"] = int(summary["peak_mem_bytes"])
+    return _with_flops(metrics, spec)
+
+
+def _from_steps(steps: list[Step], spec: TrialSpec, warmup_steps: int) -> dict[str, Any]:
+    if not steps:
+        raise NoMeasurement("no metric lines in the log")
+    measured = [step for step in steps if step.index > warmup_steps]
+    if not measured:
+        raise NoMeasurement(
+            f"the log has {len(steps)} step lines, all within the {warmup_steps} warm-up "
+            f"steps (last step {steps[-1].index}); run more steps than trainer.warmup_steps"
+        )
+    expected = spec.layout.global_batch
+    wrong = [step for step in measured if step.global_batch not in (None, expected)]
+    if wrong:
+        raise NoMeasurement(
+            f"the log reports global batch size {wrong[0].global_batch} but the layout "
+            f"{spec.layout.short()} asks for {expected}: the command template does not pass "
+            f"the layout's batch to the trainer"
+        )
+    times, rates = [], []
+    for step in measured:
+        tokens = (step.global_batch or expected) * (step.seq_length or spec.model.seq_length)
+        rate = step.tokens_per_s
+        if rate is None and step.tokens_per_s_per_device is not None:
+            rate = step.tokens_per_s_per_device * spec.layout.world_size
+        time = step.step_time_s if step.step_time_s is not None else tokens / rate if rate else None
+        if time is None or time <= 0:
+            raise NoMeasurement(f"step {step.index} has neither a step time nor a token rate")
+        times.append(time)
+        rates.append(rate if rate is not None else tokens / time)
+    metrics: dict[str, Any] = {
+        "step_time_s": statistics.median(times),
+        "step_time_spread_s": max(times) - min(times),
+        "step_times_s": times,
+        "tokens_per_s": statistics.median(rates),
+        "measured_steps": len(measured),
+        "warmup_steps": warmup_steps,
+    }
+    for field in ("reported_tflops_per_device", "reported_mfu"):
+        values = [getattr(step, field) for step in measured if getattr(step, field) is not None]
+        if values:
+            metrics[field] = statistics.median(values)
+    losses = [step.loss for step in measured if step.loss is not None]
+    if losses:
+        metrics["loss"] = losses[-1]
+    return _with_flops(metrics, spec)
