@@ -499,10 +499,9 @@ class _Reader:
         if kind not in TRAINER_KINDS:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
         if kind == "command":
-            raise self.error(
-                "trainer.kind",
-                "'command' trainers are not available in this version; use 'builtin'",
-            )
+            from parsearch.trainers.command import validate_section
+
+            return validate_section(value, self.source)
         data = dict(self.mapping(value, "trainer", _BUILTIN_TRAINER_KEYS))
         data["kind"] = kind
         if "steps" in data:

@@ -1,0 +1,460 @@
+"""The command trainer: run the user's own training program for a trial, read its log.
+
+A space names it with ``trainer: {kind: command, ...}`` (see :func:`validate_section` for the
+keys). For each node of a trial :class:`CommandNodeRun` fills the command template from the
+layout and starts it through the node agent (:class:`parsearch.agent.NodeRun`), which owns
+process groups, the timeout and the logs, in one of two ways:
+
+* ``launch: per_rank`` — once per rank, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``, ``MASTER_PORT`` set, as ``srun`` would (Megatron's ``pretrain_gpt.py``);
+* ``launch: per_node`` — once per node, for launchers that start the ranks themselves
+  (``torchrun``, ``deepspeed``); the template passes ``{nnodes} {node_rank}
+  {nproc_per_node} {master_addr} {master_port}`` to them.
+
+When the ranks have ended (or been killed), the node's logs are read again: an
+out-of-memory line anywhere makes the trial ``oom`` even when a hang ended it (a rank that
+ran out of memory often leaves its peers waiting in a collective until the timeout); the
+metrics come from the *last* rank whose log has metric lines, as Megatron prints from its
+last pipeline stage; a timeout after enough measured steps still yields them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parsearch.agent import NodeRun, read_tail
+from parsearch.errors import SpaceError
+from parsearch.result import TrialResult, TrialState
+from parsearch.trainers.failures import first_oom_line
+from parsearch.trainers.parsers import PARSERS, LogScan, make_parser, parse_lines
+from parsearch.trainers.parsers.regex import compile_patterns
+from parsearch.trainers.summary import NoMeasurement, summarize
+from parsearch.trainers.template import (
+    PLACEHOLDERS,
+    CommandTemplate,
+    TemplateError,
+    Text,
+    as_text,
+    trial_values,
+)
+from parsearch.trial import TrialSpec
+
+SECTION_KEYS = (
+    "kind",
+    "command",
+    "launch",
+    "shell",
+    "env",
+    "vars",
+    "files",
+    "parser",
+    "patterns",
+    "scale",
+    "steps",
+    "warmup_steps",
+    "timeout",
+    "bind_devices",
+)
+LAUNCH_MODES = ("per_rank", "per_node")
+DEFAULTS: dict[str, Any] = {
+    "launch": "per_rank",
+    "shell": False,
+    "parser": "json",
+    "steps": 10,
+    "warmup_steps": 2,
+    "bind_devices": False,
+    "env": {},
+    "vars": {},
+    "files": {},
+}
+_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def validate_section(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Check a space's ``trainer`` section of ``kind: command``; return it with defaults.
+
+    Keys: ``command`` (list or string; required), ``launch`` (per_rank | per_node),
+    ``shell`` (false), ``env`` (name → value, placeholders allowed), ``vars`` (the space's
+    own placeholders: name → fixed value), ``files`` (file name in the trial directory →
+    a mapping written as JSON, or a text template), ``parser`` (json | megatron |
+    megatron-deepspeed | torchtitan | regex), ``patterns`` and ``scale`` (regex parser),
+    ``steps``, ``warmup_steps``, ``timeout`` (seconds), ``bind_devices`` (false: every rank
+    sees every device of its node; true: one each, as ``srun --gpu-bind``).
+    """
+    return CommandSettings.from_section(data, source).section
+
+
+@dataclass(frozen=True)
+class CommandSettings:
+    """A validated command-trainer section, ready to fill for a trial."""
+
+    section: dict[str, Any]
+    template: CommandTemplate
+    env: dict[str, Text]
+    files: dict[str, Any]
+
+    @classmethod
+    def from_section(cls, data: Mapping[str, Any], source: str) -> CommandSettings:
+        def error(field: str, message: str) -> SpaceError:
+            return SpaceError(message, source=source, field=field)
+
+        if not isinstance(data, Mapping):
+            raise error("trainer", f"must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(SECTION_KEYS))
+        if unknown:
+            raise error(
+                f"trainer.{unknown[0]}",
+                f"unknown key for a command trainer; valid keys: {', '.join(SECTION_KEYS)}",
+            )
+        if "command" not in data:
+            raise error("trainer.command", "is required for kind: command")
+        section = {**DEFAULTS, **data, "kind": "command"}
+        section["command"] = _string_case_keys(section["command"])
+        for key in ("launch", "parser"):
+            choices = LAUNCH_MODES if key == "launch" else PARSERS
+            if section[key] not in choices:
+                raise error(
+                    f"trainer.{key}", f"must be one of {list(choices)}, got {section[key]!r}"
+                )
+        for key in ("shell", "bind_devices"):
+            if not isinstance(section[key], bool):
+                raise error(f"trainer.{key}", f"must be true or false, got {section[key]!r}")
+        steps, warmup = section["steps"], section["warmup_steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise error("trainer.steps", f"must be a positive integer, got {steps!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup < steps:
+            raise error(
+                "trainer.warmup_steps",
+                f"must be an integer in [0, steps={steps}) so some steps are measured, "
+                f"got {warmup!r}",
+            )
+        if "timeout" in section:
+            timeout = section["timeout"]
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+                raise error("trainer.timeout", f"must be a positive number, got {timeout!r}")
+        names = _placeholder_names(section["vars"], error)
+        _check_parser(section, error)
+        try:
+            template = CommandTemplate.parse(section["command"], names, shell=section["shell"])
+            env = {
+                str(key): Text.parse(value, names, f"trainer.env.{key}")
+                for key, value in _mapping(section["env"], "trainer.env", error).items()
+            }
+            files = {
+                name: _parse_file(content, names, name, error)
+                for name, content in _mapping(section["files"], "trainer.files", error).items()
+            }
+        except TemplateError as problem:
+            raise error(problem.where, str(problem)) from None
+        return cls(section, template, env, files)
+
+    def values(self, spec: TrialSpec, **node: Any) -> dict[str, Any]:
+        """Every placeholder's value (built-in and the space's ``vars``) for one node."""
+        values = trial_values(
+            spec, steps=self.section["steps"], warmup_steps=self.section["warmup_steps"], **node
+        )
+        values.update(self.section["vars"])
+        return values
+
+
+def _string_case_keys(command: Any) -> Any:
+    """Switch cases keyed by text (``1`` and ``true`` from YAML become ``"1"``, ``"true"``),
+    so the section survives the JSON round trip of a :class:`TrialSpec` unchanged."""
+    if not isinstance(command, list):
+        return command
+    return [
+        {**item, "cases": {as_text(key): value for key, value in item["cases"].items()}}
+        if isinstance(item, Mapping) and isinstance(item.get("cases"), Mapping)
+        else item
+        for item in command
+    ]
+
+
+def _mapping(value: Any, where: str, error: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise error(where, f"must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def _placeholder_names(variables: Any, error: Any) -> frozenset[str]:
+    variables = _mapping(variables, "trainer.vars", error)
+    for name, value in variables.items():
+        where = f"trainer.vars.{name}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise error(where, "a placeholder name must be an identifier (letters, digits, _)")
+        if name in PLACEHOLDERS:
+            raise error(where, f"{{{name}}} is a built-in placeholder and cannot be redefined")
+        if isinstance(value, Mapping | list) or value is None:
+            raise error(where, f"must be a string, number or boolean, got {value!r}")
+    return frozenset(PLACEHOLDERS) | frozenset(variables)
+
+
+def _check_parser(section: dict[str, Any], error: Any) -> None:
+    if section["parser"] != "regex":
+        for key in ("patterns", "scale"):
+            if key in section:
+                raise error(f"trainer.{key}", "is only used with parser: regex")
+        return
+    patterns = _mapping(section.get("patterns"), "trainer.patterns", error)
+    try:
+        compile_patterns(patterns)
+    except ValueError as problem:
+        raise error("trainer.patterns", str(problem)) from None
+    for metric, factor in _mapping(section.get("scale", {}), "trainer.scale", error).items():
+        if metric not in patterns:
+            raise error(f"trainer.scale.{metric}", "scales a metric that has no pattern")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            raise error(f"trainer.scale.{metric}", f"must be a positive number, got {factor!r}")
+
+
+def _parse_file(content: Any, names: frozenset[str], name: Any, error: Any) -> Any:
+    """Validate a generated file's template: every string leaf becomes a :class:`Text`."""
+    where = f"trainer.files.{name}"
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise error(where, "must be a plain file name (written into the trial directory)")
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, Mapping):
+            return {str(key): walk(value, f"{path}.{key}") for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, f"{path}[{i}]") for i, value in enumerate(node)]
+        if isinstance(node, str):
+            return Text.parse(node, names, path)
+        return node
+
+    if not isinstance(content, Mapping | list | str):
+        raise error(where, "must be a mapping or list (written as JSON) or a text template")
+    return walk(content, where)
+
+
+def _render_file(template: Any, values: Mapping[str, Any]) -> str:
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        if isinstance(node, Text):
+            return node.typed(values)
+        return node
+
+    if isinstance(template, Text):
+        return template.render(values)
+    return json.dumps(walk(template), indent=2) + "\n"
+
+
+class CommandNodeRun(NodeRun):
+    """One node's part of a command-trainer trial; the same ``start``/``poll``/``kill``/
+    ``wait`` protocol as :class:`~parsearch.agent.NodeRun`, whose result it refines."""
+
+    def __init__(
+        self,
+        spec: TrialSpec,
+        node_rank: int,
+        nnodes: int,
+        master_addr: str,
+        master_port: int,
+        trial_dir: Path,
+        grace_s: float = 3.0,
+    ) -> None:
+        self.settings = CommandSettings.from_section(spec.trainer, f"trial {spec.trial_id}")
+        self.values = self.settings.values(
+            spec,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            trial_dir=Path(trial_dir),
+        )
+        env = {key: text.render(self.values) for key, text in self.settings.env.items()}
+        super().__init__(
+            spec,
+            node_rank,
+            nnodes,
+            master_addr,
+            master_port,
+            trial_dir,
+            command=self.settings.template.argv(self.values),
+            env=env,
+            grace_s=grace_s,
+        )
+        self.per_node = self.settings.section["launch"] == "per_node"
+        self._concluded = False
+
+    def global_ranks(self) -> range:
+        """Per node: one process, logged as ``rank<node_rank>.log``."""
+        if self.per_node:
+            return range(self.node_rank, self.node_rank + 1)
+        return super().global_ranks()
+
+    def start(self) -> CommandNodeRun:
+        """Write the space's generated files into the trial directory, then start."""
+        self.trial_dir.mkdir(parents=True, exist_ok=True)
+        for name, template in self.settings.files.items():
+            path = self.trial_dir / name
+            tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
+            tmp.write_text(_render_file(template, self.values))
+            tmp.replace(path)
+        super().start()
+        return self
+
+    def _rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
+        env = super()._rank_env(rank, local, local_world)
+        if self.per_node or not self.settings.section["bind_devices"]:
+            inherited = {**os.environ, **self.extra_env}
+            for var in _DEVICE_VARS:
+                if var in inherited:
+                    env[var] = inherited[var]
+                else:
+                    env.pop(var, None)
+        if self.per_node:
+            for var in _RANK_VARS:
+                env.pop(var, None)
+            env["NNODES"] = str(self.nnodes)
+            env["NPROC_PER_NODE"] = str(self.spec.ranks_per_node)
+        return env
+
+    def poll(self) -> TrialResult | None:
+        result = super().poll()
+        if result is None or self._concluded:
+            return result
+        self._concluded = True
+        self.result = self._conclude(result)
+        return self.result
+
+    def _label(self, rank: int) -> str:
+        return f"node {rank}" if self.per_node else f"rank {rank}"
+
+    def _conclude(self, agent: TrialResult) -> TrialResult:
+        """Re-read the logs and decide the trial's state and metrics (see module doc)."""
+        if agent.status is TrialState.INTERRUPTED:
+            return agent
+        final = self._judge(agent)
+        final.hosts, final.duration_s = agent.hosts, agent.duration_s
+        return final
+
+    def _judge(self, agent: TrialResult) -> TrialResult:
+        for rank in self.ranks:
+            with rank.log.open(errors="replace") as lines:
+                oom = first_oom_line(lines)
+            if oom is not None:
+                return TrialResult(
+                    status=TrialState.OOM,
+                    error=f"{self._label(rank.rank)} ran out of memory: {oom[:500]}",
+                    log_tail=read_tail(rank.log),
+                )
+        if agent.status is TrialState.OOM:
+            return agent
+        metrics, reason, log = self._measure()
+        measured = "tokens_per_s" in metrics
+        status = metrics.pop("status", "ok")
+        if status != "ok":
+            return TrialResult(
+                status=TrialState(status) if status in ("oom", "timeout") else TrialState.ERROR,
+                error=f"the trainer reported status {status!r}",
+                log_tail=read_tail(log) if log else agent.log_tail,
+            )
+        if agent.status is TrialState.TIMEOUT and measured:
+            metrics["ended_by_timeout"] = True
+            return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=agent.log_tail)
+        if agent.status is not TrialState.OK:
+            return agent
+        tail = read_tail(log) if log else agent.log_tail
+        if measured:
+            return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=tail)
+        if self.nnodes > 1:  # another node may hold the last rank: see merge_node_results
+            return TrialResult(status=TrialState.OK, metrics=metrics, error=reason, log_tail=tail)
+        return TrialResult(
+            status=TrialState.ERROR, error=f"every rank exited 0 but {reason}", log_tail=tail
+        )
+
+    def _measure(self) -> tuple[dict[str, Any], str, Path | None]:
+        """Metrics from the last log that has metric lines, peak memory from every log
+        (Megatron reports memory on each stage's first rank, timings on the last); or why
+        there are no metrics (then ``peak_mem_bytes`` alone, for merge_node_results)."""
+        section = self.settings.section
+        scans: list[tuple[int, Path, LogScan]] = []
+        for rank in self.ranks:
+            parser = make_parser(section["parser"], section.get("patterns"), section.get("scale"))
+            with rank.log.open(errors="replace") as lines:
+                scans.append((rank.rank, rank.log, parse_lines(lines, parser)))
+        memory = LogScan()
+        for _, _, scan in scans:
+            memory.add_memory(scan.peak_mem_bytes, scan.peak_reserved_bytes)
+        chosen = next(
+            ((r, log, scan) for r, log, scan in reversed(scans) if scan.has_metrics), None
+        )
+        if chosen is None:
+            logs = ", ".join(log.name for _, log, _ in scans)
+            reason = f"no {section['parser']} metric lines in {logs}"
+            return _memory_metrics(memory), reason, None
+        rank, log, scan = chosen
+        scan.add_memory(memory.peak_mem_bytes, memory.peak_reserved_bytes)
+        try:
+            metrics = summarize(scan, self.spec, section["warmup_steps"])
+        except NoMeasurement as problem:
+            return _memory_metrics(memory), f"{self._label(rank)}: {problem}", log
+        if scan.summary is not None and "status" in scan.summary:
+            metrics["status"] = scan.summary["status"]
+        metrics.update(parser=section["parser"], metrics_log=log.name)
+        return metrics, "", log
+
+
+def _memory_metrics(scan: LogScan) -> dict[str, Any]:
+    return {} if scan.peak_mem_bytes is None else {"peak_mem_bytes": int(scan.peak_mem_bytes)}
+
+
+def run_node(
+    spec: TrialSpec,
+    node_rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    trial_dir: Path,
+) -> TrialResult:
+    """Run this node's part of a command-trainer trial to the end (the blocking form)."""
+    run = CommandNodeRun(spec, node_rank, nnodes, master_addr, master_port, trial_dir)
+    return run.start().wait()
+
+
+_FAILURE_ORDER = (TrialState.OOM, TrialState.ERROR, TrialState.TIMEOUT, TrialState.INTERRUPTED)
+
+
+def merge_node_results(results: Sequence[TrialResult]) -> TrialResult:
+    """One trial's result from its nodes' results (index = node rank).
+
+    A failure wins, the most telling first (an OOM on one node explains the others' timeout);
+    otherwise the metrics come from the last node that has them (it holds the last rank).
+    """
+    for state in _FAILURE_ORDER:
+        for result in results:
+            if result.status is state:
+                return result
+    hosts = [host for result in results for host in result.hosts]
+    duration = max((result.duration_s for result in results), default=0.0)
+    peaks = [r.metrics["peak_mem_bytes"] for r in results if "peak_mem_bytes" in r.metrics]
+    for result in reversed(results):
+        if "tokens_per_s" in result.metrics:
+            metrics = dict(result.metrics)
+            if peaks:
+                metrics["peak_mem_bytes"] = max(peaks)
+            return TrialResult(
+                status=TrialState.OK,
+                metrics=metrics,
+                log_tail=result.log_tail,
+                hosts=hosts,
+                duration_s=duration,
+            )
+    reasons = "; ".join(result.error for result in results if result.error) or "no metrics"
+    return TrialResult(
+        status=TrialState.ERROR,
+        error=f"every node exited 0 but none reported metrics: {reasons}",
+        log_tail=results[-1].log_tail if results else "",
+        hosts=hosts,
+        duration_s=duration,
+    )
