@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.agent import free_port
+from parsearch.agent import NodeRun, free_port
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
+from parsearch.trainers import merge_results, node_run
 from parsearch.trainers.command import (
     CommandNodeRun,
     CommandSettings,
@@ -378,14 +379,15 @@ def test_environment_of_each_mode(monkeypatch):
     monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
     gpu = AllocationSpec(1, 4, 1 << 30, 1e12, device="cuda")
 
-    def env(**keys):
+    def env(backend_env=None, **keys):
         trainer = section("json", env={"TP_TIMES": "tp={tp}"}, **keys)
         spec = make_spec(trainer, dp=4, mbs=1, gas=1)
         spec.allocation = gpu
-        node = CommandNodeRun(spec, 0, 1, "127.0.0.1", 1234, Path("/tmp/unused"))
+        node = node_run(spec, 0, 1, "127.0.0.1", 1234, Path("/tmp/unused"), env=backend_env)
         return node._rank_env(2, 2, 4)
 
     per_rank = env()
+    assert env(backend_env={"TP_TIMES": "slot"})["TP_TIMES"] == "slot"  # the backend's wins
     assert (per_rank["RANK"], per_rank["TP_TIMES"]) == ("2", "tp=1")
     assert per_rank["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # every device; LOCAL_RANK picks one
     assert env(bind_devices=True)["CUDA_VISIBLE_DEVICES"] == "6"
@@ -400,16 +402,25 @@ def test_two_nodes_metrics_from_the_last(tmp_path):
     assert spec.nodes == 2
     port = free_port("127.0.0.1")
     nodes = [
-        CommandNodeRun(spec, node, 2, "127.0.0.1", port, tmp_path / f"node{node}")
-        for node in range(2)
+        node_run(spec, node, 2, "127.0.0.1", port, tmp_path / f"node{node}") for node in range(2)
     ]
-    results = [node.start() for node in nodes]
+    assert all(isinstance(node, CommandNodeRun) for node in nodes)
+    for node in nodes:
+        node.start()
     results = [node.wait() for node in nodes]
     assert results[0].ok and "tokens_per_s" not in results[0].metrics
-    merged = merge_node_results(results)
+    merged = merge_results(spec, results)
     assert merged.ok
     assert merged.metrics["metrics_log"] == "rank1.log"
     assert merged.metrics["peak_mem_bytes"] == pytest.approx(1001 * MIB)
+
+
+def test_builtin_trainer_keeps_the_agent_run():
+    spec = make_spec({"kind": "builtin"})
+    node = node_run(spec, 0, 1, "127.0.0.1", 1, Path("/tmp/unused"))
+    assert type(node) is NodeRun
+    first = TrialResult(status=TrialState.OK, metrics={"tokens_per_s": 1.0})
+    assert merge_results(spec, [first, TrialResult(status=TrialState.OK)]) is first
 
 
 def test_merge_prefers_the_most_telling_failure():

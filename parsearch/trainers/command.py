@@ -260,8 +260,11 @@ class CommandNodeRun(NodeRun):
         master_addr: str,
         master_port: int,
         trial_dir: Path,
+        env: Mapping[str, str] | None = None,
         grace_s: float = 3.0,
     ) -> None:
+        """``env`` is the backend's own (e.g. the devices of a local slot); it overrides
+        the space's ``trainer.env``."""
         self.settings = CommandSettings.from_section(spec.trainer, f"trial {spec.trial_id}")
         self.values = self.settings.values(
             spec,
@@ -271,7 +274,7 @@ class CommandNodeRun(NodeRun):
             master_port=master_port,
             trial_dir=Path(trial_dir),
         )
-        env = {key: text.render(self.values) for key, text in self.settings.env.items()}
+        rendered = {key: text.render(self.values) for key, text in self.settings.env.items()}
         super().__init__(
             spec,
             node_rank,
@@ -280,7 +283,7 @@ class CommandNodeRun(NodeRun):
             master_port,
             trial_dir,
             command=self.settings.template.argv(self.values),
-            env=env,
+            env={**rendered, **(env or {})},
             grace_s=grace_s,
         )
         self.per_node = self.settings.section["launch"] == "per_node"
