@@ -325,6 +325,18 @@ def test_trainer_reported_status_wins(tmp_path):
     assert "reported status 'oom'" in result.error
 
 
+def test_recovered_oom_with_metrics_and_clean_exit_is_ok(tmp_path):
+    script = (
+        "print('torch.OutOfMemoryError: CUDA out of memory; retrying with smaller chunks');"
+        "print('{{\"tokens_per_s\": 5}}')"
+    )
+    trainer = validate_section({"kind": "command", "command": ["{python}", "-c", script],
+                                "vars": {"python": sys.executable}}, "s")  # fmt: skip
+    result = run(make_spec(trainer), tmp_path)
+    assert result.status is TrialState.OK, result.error
+    assert result.metrics["tokens_per_s"] == 5
+
+
 def test_out_of_memory(tmp_path):
     spec = make_spec(section("megatron", "--oom-above", "1"), dp=2, mbs=2, gas=1)
     result = run(spec, tmp_path)

@@ -11,11 +11,12 @@ process groups, the timeout and the logs, in one of two ways:
   (``torchrun``, ``deepspeed``); the template passes ``{nnodes} {node_rank}
   {nproc_per_node} {master_addr} {master_port}`` to them.
 
-When the ranks have ended (or been killed), the node's logs are read again: an
-out-of-memory line anywhere makes the trial ``oom`` even when a hang ended it (a rank that
-ran out of memory often leaves its peers waiting in a collective until the timeout); the
-metrics come from the *last* rank whose log has metric lines, as Megatron prints from its
-last pipeline stage; a timeout after enough measured steps still yields them.
+When the ranks have ended (or been killed), the node's logs are read again. Unless every
+rank exited 0 with metrics, an out-of-memory line in any log makes the trial ``oom``, even
+when a hang ended it (a rank that ran out of memory often leaves its peers waiting in a
+collective until the timeout). The metrics come from the *last* rank whose log has metric
+lines, as Megatron prints from its last pipeline stage, and peak memory from every log; a
+timeout after enough measured steps still yields them (``ended_by_timeout``).
 """
 
 from __future__ import annotations
@@ -342,6 +343,26 @@ class CommandNodeRun(NodeRun):
         return final
 
     def _judge(self, agent: TrialResult) -> TrialResult:
+        """Precedence: a status the trainer reported itself; a clean exit with metrics; an
+        out-of-memory line in any log (it explains a crash or a hang); the agent's OOM;
+        metrics before a timeout; the agent's failure; a clean exit without metrics."""
+        metrics, reason, log = self._measure()
+        measured = "tokens_per_s" in metrics
+        status = metrics.pop("status", "ok")
+        if status != "ok":
+            return TrialResult(
+                status=TrialState(status) if status in ("oom", "timeout") else TrialState.ERROR,
+                error=f"the trainer reported status {status!r}",
+                log_tail=read_tail(log) if log else agent.log_tail,
+            )
+        tail = read_tail(log) if log else agent.log_tail
+        # The agent calls a trial whose log merely mentions "out of memory" an OOM even when
+        # every rank exited 0; a trainer that recovered and measured is not one.
+        clean = agent.status in (TrialState.OK, TrialState.OOM) and all(
+            rank.exit_code == 0 for rank in self.ranks
+        )
+        if clean and measured:
+            return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=tail)
         for rank in self.ranks:
             with rank.log.open(errors="replace") as lines:
                 oom = first_oom_line(lines)
@@ -353,23 +374,11 @@ class CommandNodeRun(NodeRun):
                 )
         if agent.status is TrialState.OOM:
             return agent
-        metrics, reason, log = self._measure()
-        measured = "tokens_per_s" in metrics
-        status = metrics.pop("status", "ok")
-        if status != "ok":
-            return TrialResult(
-                status=TrialState(status) if status in ("oom", "timeout") else TrialState.ERROR,
-                error=f"the trainer reported status {status!r}",
-                log_tail=read_tail(log) if log else agent.log_tail,
-            )
         if agent.status is TrialState.TIMEOUT and measured:
             metrics["ended_by_timeout"] = True
             return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=agent.log_tail)
         if agent.status is not TrialState.OK:
             return agent
-        tail = read_tail(log) if log else agent.log_tail
-        if measured:
-            return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=tail)
         if self.nnodes > 1:  # another node may hold the last rank: see merge_node_results
             return TrialResult(status=TrialState.OK, metrics=metrics, error=reason, log_tail=tail)
         return TrialResult(
