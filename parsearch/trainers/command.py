@@ -139,6 +139,7 @@ class CommandSettings:
             timeout = section["timeout"]
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 raise error("trainer.timeout", f"must be a positive number, got {timeout!r}")
+            section["timeout"] = float(timeout)
         names = _placeholder_names(section["vars"], error)
         _check_parser(section, error)
         try:
