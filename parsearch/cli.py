@@ -15,7 +15,16 @@ from parsearch import __version__
 from parsearch.errors import ParsearchError
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("plan",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "plan",
+    "run",
+    "resume",
+    "status",
+    "best",
+    "top",
+    "export",
+    "report",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

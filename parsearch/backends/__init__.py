@@ -1,0 +1,152 @@
+"""Where trials run: one protocol, backends chosen by name and imported only when used.
+
+A backend runs :class:`~parsearch.trial.TrialSpec` s on groups of devices and reports their
+:class:`~parsearch.result.TrialResult` s. The campaign driver is its only caller, from one
+thread, in this order: :meth:`Backend.free_slots` → :meth:`Backend.submit` (as many as fit)
+→ :meth:`Backend.poll` (repeatedly) → :meth:`Backend.cancel` (trials a drain gives up on) →
+:meth:`Backend.close`.
+
+The protocol is in trials, not devices: the backend knows how many nodes a trial spans
+(``spec.nodes``) and how many it has, so the same driver works for
+
+* ``local``: this machine as one node, trials as groups of local processes;
+* ``simulate``: no processes, the estimate with noise (rehearsals and tests);
+* ``mpi``: one worker rank per node; a trial takes ``spec.nodes`` free workers;
+* ``ray``: one placement group of ``spec.nodes`` bundles per trial.
+
+A module ``parsearch.backends.<name>`` provides ``create(space, *, slots, options)``;
+``options`` are the ``--backend-opt key=value`` strings, which the module validates (naming
+the valid keys). A backend whose processes all run the ``parsearch`` command (``mpi`` under
+``mpiexec``) may also define ``serve_if_worker() -> bool``: it is called before the store is
+opened, and returns ``True`` after serving as a worker, so that only the driver touches the
+store.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from parsearch.errors import BackendError
+from parsearch.result import TrialResult
+from parsearch.space import SearchSpace
+from parsearch.trial import TrialSpec
+
+BACKENDS: dict[str, str] = {
+    "local": "parsearch.backends.local",
+    "simulate": "parsearch.backends.simulate",
+    "mpi": "parsearch.backends.mpi",
+    "ray": "parsearch.backends.ray",
+}
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A trial the backend is done with: its id (``spec.trial_id``) and outcome."""
+
+    trial_id: str
+    result: TrialResult
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the driver needs from a place that runs trials."""
+
+    name: str
+
+    @property
+    def capacity(self) -> int:
+        """How many trials can run at once when nothing is running."""
+
+    def free_slots(self) -> int:
+        """How many more trials :meth:`submit` accepts now."""
+
+    def submit(self, spec: TrialSpec) -> list[str]:
+        """Start ``spec`` without waiting for it; return the hosts it runs on.
+
+        Raises :class:`BackendError` if there is no free slot. A trial that fails to start
+        is not an exception: it is reported by :meth:`poll` as an ``error`` result.
+        """
+
+    def poll(self, timeout_s: float) -> list[Finished]:
+        """Trials finished since the last call; waits up to ``timeout_s`` for the first one."""
+
+    def cancel(self, trial_id: str) -> None:
+        """Stop a running trial now (a drain that ran out of grace); it is not reported."""
+
+    def close(self) -> None:
+        """Stop whatever still runs and release the backend's resources; idempotent."""
+
+    def describe(self) -> dict[str, Any]:
+        """The settings worth recording with the campaign (slots, options, hosts...)."""
+
+
+def parse_options(pairs: Iterable[str]) -> dict[str, str]:
+    """``["delay=0.5", "noise=0"]`` → ``{"delay": "0.5", "noise": "0"}``."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BackendError(f"--backend-opt takes key=value, got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def check_options(backend: str, options: Mapping[str, str], valid: Iterable[str]) -> None:
+    """Refuse an option the backend does not know, naming the ones it does."""
+    valid = sorted(valid)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise BackendError(
+            f"backend '{backend}' has no option {', '.join(unknown)}; valid: "
+            f"{', '.join(valid) if valid else 'none'}"
+        )
+
+
+def _module(name: str) -> Any:
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ModuleNotFoundError as error:
+        if error.name == BACKENDS[name]:
+            raise BackendError(f"backend '{name}' is not available in this version") from None
+        raise BackendError(
+            f"backend '{name}' needs the package '{error.name}', which is not installed "
+            f"(pip install 'parsearch[{name}]')"
+        ) from None
+
+
+def serve_if_worker(name: str) -> bool:
+    """Let a multi-process backend divert its worker processes; ``False`` for the driver."""
+    hook = getattr(_module(name), "serve_if_worker", None)
+    return bool(hook()) if hook is not None else False
+
+
+def create_backend(
+    name: str,
+    space: SearchSpace,
+    *,
+    slots: int | None = None,
+    options: Mapping[str, str] | None = None,
+) -> Backend:
+    """The backend called ``name``, ready to run trials of ``space``.
+
+    ``slots`` caps how many trials run at once (``None``: what the backend has room for).
+    """
+    if slots is not None and slots < 1:
+        raise BackendError(f"--slots must be >= 1, got {slots}")
+    return _module(name).create(space, slots=slots, options=dict(options or {}))
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Finished",
+    "check_options",
+    "create_backend",
+    "parse_options",
+    "serve_if_worker",
+]

@@ -1,0 +1,86 @@
+"""Command-line options shared by the campaign commands, declared once."""
+
+from __future__ import annotations
+
+import argparse
+
+from parsearch.backends import BACKENDS
+from parsearch.errors import ParsearchError
+from parsearch.units import parse_bytes
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    parser.add_argument(
+        "--name", help="campaign name (default: the space's name for run, the newest for others)"
+    )
+
+
+def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> None:
+    """Options of ``run`` and ``resume``; on resume, omitted ones keep the stored values."""
+    keep = " (default: as stored)" if resume else ""
+    parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default=None if resume else "local",
+        help=f"where trials run{keep or ' (default: local)'}",
+    )
+    parser.add_argument(
+        "--backend-opt",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="backend setting, repeatable (simulate: delay, noise, mem_factor, mem_offset, "
+        f"seed, fail_rate; local: workdir, grace){keep}",
+    )
+    parser.add_argument(
+        "--slots", type=int, help=f"trials running at once (default: the backend's){keep}"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"stop this session after SECONDS (drains like SIGTERM){keep}",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        default=None if resume else 60.0,
+        help=f"on SIGTERM/SIGINT/SIGUSR1, wait this long for running trials{keep or ' (60)'}",
+    )
+    parser.add_argument(
+        "--lease-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None if resume else 60.0,
+        help="a driver silent this long is presumed dead and its campaign taken over"
+        f"{keep or ' (60)'}",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress display, only the final summary"
+    )
+
+
+def memory_size(text: str) -> int:
+    """``--max-mem 60GiB`` (or bytes)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+class UsageError(ParsearchError):
+    """Options that cannot go together."""
+
+    exit_code = 2

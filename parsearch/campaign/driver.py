@@ -1,0 +1,273 @@
+"""The campaign loop: keep every slot busy, record every result, stop at the budget exactly.
+
+One iteration: fill the free slots (re-queued trials first, then the strategy's proposals),
+wait briefly for finished trials, record each in its own store transaction, tell the
+strategy all of them at once. Invariants:
+
+* ``finished + running <= budget`` at every moment, so the campaign never finishes more
+  trials than its budget, however many slots free at once;
+* a trial is in the store (queued) before its backend starts it, and finished in the store
+  before the strategy hears of it: a crash at any point loses at most running trials, which
+  ``resume`` re-queues;
+* after the lease is lost, nothing more is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from parsearch.backends import Backend, Finished
+from parsearch.campaign.candidates import layout_problems
+from parsearch.campaign.lease import Lease
+from parsearch.campaign.progress import Progress, Snapshot
+from parsearch.campaign.signals import StopRequest
+from parsearch.campaign.strategy import Proposal, Strategy
+from parsearch.config import ParallelLayout
+from parsearch.errors import BackendError
+from parsearch.result import TrialResult, TrialState
+from parsearch.space import SearchSpace
+from parsearch.store import Campaign, SQLiteStore, TrialRecord
+from parsearch.trial import TrialSpec
+
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+
+
+class Outcome(str, enum.Enum):
+    """Why the driver returned."""
+
+    BUDGET = "budget reached"
+    EXHAUSTED = "no untried layout left"
+    STOPPED = "stopped by a signal"
+    TIMED_OUT = "campaign timeout reached"
+
+    @property
+    def complete(self) -> bool:
+        """Whether the campaign is done (rather than paused until ``resume``)."""
+        return self in (Outcome.BUDGET, Outcome.EXHAUSTED)
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    budget: int
+    timeout_s: float | None = None
+    grace_s: float = 60.0
+    poll_s: float = 0.5
+
+
+class Driver:
+    """Runs one session of a campaign (a ``run`` or a ``resume``) to its end."""
+
+    def __init__(
+        self,
+        *,
+        store: SQLiteStore,
+        campaign: Campaign,
+        space: SearchSpace,
+        backend: Backend,
+        strategy: Strategy,
+        lease: Lease,
+        settings: DriverSettings,
+        stop: StopRequest | None = None,
+        progress: Progress | None = None,
+    ):
+        self.store = store
+        self.campaign = campaign
+        self.space = space
+        self.backend = backend
+        self.strategy = strategy
+        self.lease = lease
+        self.settings = settings
+        self.stop = stop or StopRequest()
+        self.progress = progress or Progress(enabled=False)
+        self.metric = campaign.objective_metric
+        self.trial_timeout_s = float(space.trainer.get("timeout", DEFAULT_TRIAL_TIMEOUT_S))
+        self.running: dict[str, TrialRecord] = {}
+        self.queue: deque[TrialRecord] = deque()
+        self.finished = 0
+        self.failed = 0
+        self.best: tuple[float, ParallelLayout] | None = None
+        self.interrupted = 0
+        self._started = time.monotonic()
+        self._finished_here = 0
+
+    def run(self, history: Iterable[TrialRecord] = ()) -> Outcome:
+        """Drive the campaign; ``history`` is what the store holds already (on resume).
+
+        Finished trials in it count against the budget and set the best so far; queued ones
+        (re-queued after an interruption) run before anything new is asked.
+        """
+        for record in history:
+            if record.state.finished:
+                self._count(record)
+            elif record.state is TrialState.QUEUED:
+                self.queue.append(record)
+        try:
+            return self._loop()
+        finally:
+            self.progress.close()
+
+    def _loop(self) -> Outcome:
+        while True:
+            self.lease.check()
+            if self.stop.requested:
+                return self._drain(Outcome.STOPPED)
+            if self._timed_out():
+                self.stop.request("timeout")
+                return self._drain(Outcome.TIMED_OUT)
+            exhausted = self._dispatch()
+            if not self.running:
+                return self._complete(exhausted)
+            self._record(self.backend.poll(self._poll_timeout()))
+            self.progress.update(self.snapshot())
+
+    def _complete(self, exhausted: bool) -> Outcome:
+        if self.finished < self.settings.budget and not exhausted:
+            raise BackendError(
+                f"backend '{self.backend.name}' has no free slot although no trial runs"
+            )
+        if self.queue:  # re-queued trials the (lowered) budget leaves no room for
+            self.interrupted = self.store.mark_interrupted(self.campaign.id)
+        return Outcome.BUDGET if self.finished >= self.settings.budget else Outcome.EXHAUSTED
+
+    def _dispatch(self) -> bool:
+        """Fill free slots within the budget; return whether the strategy ran dry."""
+        while True:
+            room = min(
+                self.backend.free_slots(),
+                self.settings.budget - self.finished - len(self.running),
+            )
+            if room <= 0:
+                return False
+            while room > 0 and self.queue:
+                self._launch(self.queue.popleft())
+                room -= 1
+            if room <= 0:
+                continue
+            proposals = self.strategy.ask(room)
+            if not proposals:
+                return True
+            judged = []
+            for proposal in proposals:
+                record = self.store.add_trial(
+                    self.campaign.id,
+                    proposal.layout,
+                    predicted=_prediction(proposal),
+                    origin=proposal.origin,
+                )
+                problems = layout_problems(self.space, proposal.layout)
+                if problems:
+                    judged.append(self._finish_infeasible(record, problems))
+                else:
+                    self._launch(record)
+            self._tell(judged)
+
+    def _launch(self, record: TrialRecord) -> None:
+        spec = TrialSpec(
+            trial_id=f"trial-{record.number:05d}",
+            model=self.space.model,
+            layout=record.layout,
+            allocation=self.space.allocation,
+            trainer=dict(self.space.trainer),
+            timeout_s=self.trial_timeout_s,
+            seed=self.campaign.seed,
+        )
+        hosts = self.backend.submit(spec)
+        self.running[spec.trial_id] = self.store.mark_running(
+            record.id, hosts, attempt=record.attempt + 1
+        )
+
+    def _finish_infeasible(
+        self, record: TrialRecord, problems: list[str]
+    ) -> tuple[TrialRecord, TrialResult]:
+        result = TrialResult(status=TrialState.INFEASIBLE, error="; ".join(problems))
+        record = self.store.finish_trial(record.id, result, None)
+        self._count(record)
+        return record, result
+
+    def _record(self, finished: list[Finished]) -> None:
+        told = []
+        for item in finished:
+            record = self.running.pop(item.trial_id, None)
+            if record is None:  # cancelled, or not ours
+                continue
+            objective = item.result.objective(self.metric)
+            value = objective if isinstance(objective, float) else None
+            record = self.store.finish_trial(record.id, item.result, value)
+            self._count(record)
+            self._finished_here += 1
+            told.append((record, item.result))
+        self._tell(told)
+
+    def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:
+        if results:
+            self.strategy.tell(
+                [(record.layout, result.objective(self.metric)) for record, result in results]
+            )
+
+    def _count(self, record: TrialRecord) -> None:
+        self.finished += 1
+        if record.state.failed:
+            self.failed += 1
+        if record.objective is not None and (self.best is None or record.objective > self.best[0]):
+            self.best = (record.objective, record.layout)
+
+    def _drain(self, outcome: Outcome) -> Outcome:
+        """Let running trials finish within the grace period; interrupt the rest."""
+        self.progress.message(
+            f"{self.stop.reason}: starting no new trial; waiting up to "
+            f"{self.settings.grace_s:g} s for {len(self.running)} running"
+        )
+        deadline = (self.stop.since or time.monotonic()) + self.settings.grace_s
+        while self.running and not self.stop.urgent:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.lease.check()
+            self._record(self.backend.poll(min(self.settings.poll_s, left)))
+            self.progress.update(self.snapshot())
+        for trial_id in list(self.running):
+            self.backend.cancel(trial_id)
+        self.running.clear()
+        self.lease.check()
+        self.interrupted = self.store.mark_interrupted(self.campaign.id)
+        return outcome
+
+    def _timed_out(self) -> bool:
+        limit = self.settings.timeout_s
+        return limit is not None and time.monotonic() - self._started >= limit
+
+    def _poll_timeout(self) -> float:
+        """Wake at least every ``poll_s`` (signals, lease, display), sooner at the deadline."""
+        wait = self.settings.poll_s
+        if self.settings.timeout_s is not None:
+            left = self.settings.timeout_s - (time.monotonic() - self._started)
+            wait = min(wait, max(left, 0.0))
+        return wait
+
+    def snapshot(self) -> Snapshot:
+        value, layout = self.best if self.best else (None, None)
+        return Snapshot(
+            finished=self.finished,
+            budget=self.settings.budget,
+            running=len(self.running),
+            failed=self.failed,
+            best_value=value,
+            best_layout=layout,
+            metric=self.metric,
+            eta_s=self._eta_s(),
+        )
+
+    def _eta_s(self) -> float | None:
+        """Remaining trials at this session's finishing rate."""
+        if not self._finished_here:
+            return None
+        rate = self._finished_here / (time.monotonic() - self._started)
+        return max(0, self.settings.budget - self.finished) / rate
+
+
+def _prediction(proposal: Proposal) -> dict | None:
+    return None if proposal.prediction is None else proposal.prediction.to_dict()

@@ -1,0 +1,130 @@
+"""DeepHyper's CBO in ask/tell form, set up to stay cheap at hundreds of trials and slots.
+
+Settings, each measured on this 2-core machine (see ``benchmarks/driver_overhead.py``):
+
+* ``acq_optimizer="sampling"``: the acquisition is maximised over sampled points. DeepHyper's
+  default ("mixedga") costs ~1 s per tell by 100 results; sampling stays near 0.01 s.
+* When a sampler is given (the enumerated candidates), it *is* the constraint: every point
+  DeepHyper draws, for its random initial phase and for the acquisition, comes from it. We
+  pass it as ``problem.set_sampling_fn`` and not as ``set_constraint_fn``: DeepHyper runs a
+  constraint over a pandas DataFrame of 10 000 rejection samples and converts them to dicts
+  twice, which took 0.17 s per ask *and* per tell; drawing from the candidate list is exact
+  and took 0.01 s. With no more candidates than ``n_points``, each draw is a permutation of
+  all of them, so the acquisition is evaluated on every unseen candidate.
+* ``max_total_failures=-1``: DeepHyper stops a search after 100 failures by default; an
+  out-of-memory trial is information here, not a reason to stop.
+* ``checkpoint_history_to_csv=False`` and a private temporary ``log_dir``: the store is the
+  record; nothing is written to the working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+Objective = float | str
+Point = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CBOSettings:
+    """The DeepHyper knobs a strategy may tune (issue 8 compares them)."""
+
+    surrogate_model: str = "ET"
+    acq_optimizer: str = "sampling"
+    multi_point_strategy: str = "qUCB"
+    kappa: float = 1.96
+    n_points: int = 10_000
+
+
+class BayesianOptimizer:
+    """CBO over named discrete dimensions, optionally restricted to a list of points.
+
+    ``dimensions`` maps each name to its candidate values (ints become ordinal
+    hyperparameters, strings and booleans categorical ones). ``allowed``, when given, lists the
+    only points that may ever be proposed.
+    """
+
+    def __init__(
+        self,
+        dimensions: Mapping[str, Sequence[Any]],
+        *,
+        seed: int,
+        settings: CBOSettings | None = None,
+        allowed: Sequence[Point] | None = None,
+        n_initial_points: int | None = None,
+    ):
+        from deephyper.hpo import CBO, HpProblem
+
+        settings = settings or CBOSettings()
+        logging.getLogger("deephyper").setLevel(logging.WARNING)
+        self.names = tuple(dimensions)
+        problem = HpProblem()
+        for name, values in dimensions.items():
+            problem.add_hyperparameter(list(values), name)
+        n_points = settings.n_points
+        if allowed is not None:
+            table = pd.DataFrame(list(allowed), columns=list(self.names))
+            problem.set_sampling_fn(_PermutationSampler(table, seed))
+            n_points = min(n_points, len(table))
+        self._log_dir = tempfile.TemporaryDirectory(prefix="parsearch-cbo-")
+        self._search = CBO(
+            problem,
+            random_state=seed,
+            log_dir=self._log_dir.name,
+            checkpoint_history_to_csv=False,
+            surrogate_model=settings.surrogate_model,
+            acq_optimizer=settings.acq_optimizer,
+            acq_optimizer_kwargs={"n_points": n_points, "max_total_failures": -1},
+            acq_func_kwargs={"kappa": settings.kappa},
+            multi_point_strategy=settings.multi_point_strategy,
+            n_initial_points=n_initial_points,
+        )
+
+    def ask(self, n: int) -> list[Point]:
+        """``n`` points (DeepHyper may repeat itself; the strategy dedupes)."""
+        if n <= 0:
+            return []
+        with _quiet():
+            return [dict(point) for point in self._search.ask(n)]
+
+    def tell(self, results: Sequence[tuple[Mapping[str, Any], Objective]]) -> None:
+        """Objectives to maximise, or ``"F_<reason>"`` for failed points."""
+        if not results:
+            return
+        told = [({name: point[name] for name in self.names}, value) for point, value in results]
+        with _quiet():
+            self._search.tell(told)
+
+    def close(self) -> None:
+        self._log_dir.cleanup()
+
+
+class _PermutationSampler:
+    """``sampling_fn`` for DeepHyper: rows of ``table``, a fresh permutation per pass."""
+
+    def __init__(self, table: pd.DataFrame, seed: int):
+        self.table = table
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, size: int) -> pd.DataFrame:
+        count = len(self.table)
+        passes = -(-size // count)
+        order = np.concatenate([self.rng.permutation(count) for _ in range(passes)])[:size]
+        return self.table.iloc[order].reset_index(drop=True)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DeepHyper warns when it re-proposes a point; the strategy handles that, silently."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

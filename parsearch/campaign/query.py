@@ -1,0 +1,86 @@
+"""Reading a campaign while it runs: results as a DataFrame, progress, ETA.
+
+Everything here opens the store read-only, which cannot modify or lock out the driver, so it
+is safe from a login node or a notebook while a campaign writes the same file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from parsearch.result import TrialState
+from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Finishing rate from the last trials only: a resumed campaign's rate is the current one.
+RATE_WINDOW = 20
+
+
+@contextlib.contextmanager
+def open_campaign(
+    store_path: str | os.PathLike[str], name: str | None = None
+) -> Iterator[tuple[SQLiteStore, Campaign]]:
+    """The store (read-only) and the campaign ``name`` (default: the newest one)."""
+    with open_store(store_path, readonly=True) as store:
+        yield store, store.get_campaign(name)
+
+
+def results(store_path: str | os.PathLike[str], name: str | None = None) -> pd.DataFrame:
+    """Every trial of a campaign as a DataFrame: layout, state, metrics, predictions.
+
+    ``name`` defaults to the newest campaign of the store. Safe while the campaign runs.
+    """
+    with open_campaign(store_path, name) as (store, campaign):
+        return store.dataframe(campaign.id)
+
+
+@dataclass(frozen=True)
+class CampaignProgress:
+    """Where a campaign stands, from the store alone."""
+
+    campaign: Campaign
+    counts: dict[TrialState, int]
+    best: TrialRecord | None
+    rate_per_s: float | None
+
+    @property
+    def finished(self) -> int:
+        return sum(n for state, n in self.counts.items() if state.finished)
+
+    @property
+    def failed(self) -> int:
+        return sum(n for state, n in self.counts.items() if state.failed)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, (self.campaign.budget or 0) - self.finished)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to the budget at the recent finishing rate, while a driver runs it."""
+        if self.campaign.status is not CampaignStatus.RUNNING or not self.rate_per_s:
+            return None
+        return self.remaining / self.rate_per_s
+
+
+def campaign_progress(store: SQLiteStore, campaign: Campaign) -> CampaignProgress:
+    finished = [t for t in store.trials(campaign.id) if t.state.finished and t.finished_at]
+    times = sorted(t.finished_at for t in finished if t.finished_at is not None)[-RATE_WINDOW:]
+    rate = None
+    if len(times) >= 2 and times[-1] > times[0]:
+        # Count the gap since the last finish too, so a stalled campaign's ETA grows.
+        span = max(times[-1], time.time()) - times[0]
+        rate = (len(times) - 1) / span
+    return CampaignProgress(
+        campaign=campaign,
+        counts=store.counts(campaign.id),
+        best=store.best(campaign.id),
+        rate_per_s=rate,
+    )

@@ -1,0 +1,252 @@
+"""Starting and resuming campaigns: everything between a command line and the driver loop.
+
+A session takes the campaign's lease before it reads or writes trials, so a second driver is
+refused before it can do anything; it rebuilds the strategy from the store (every finished
+trial told again, every trial in the store excluded from new proposals) and re-queues what an
+earlier session left interrupted or running, so that resuming loses and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parsearch.backends import create_backend
+from parsearch.campaign.driver import Driver, DriverSettings, Outcome
+from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
+from parsearch.campaign.progress import Progress, format_duration
+from parsearch.campaign.signals import StopRequest
+from parsearch.campaign.strategy import make_strategy
+from parsearch.errors import ParsearchError, StoreError
+from parsearch.result import TrialState
+from parsearch.space import SearchSpace, load_space, space_from_dict
+from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+
+
+@dataclass(frozen=True)
+class CampaignSettings:
+    """How a campaign runs; stored with it, so that ``resume`` continues the same way."""
+
+    backend: str = "local"
+    backend_options: dict[str, str] = field(default_factory=dict)
+    slots: int | None = None
+    strategy: str = "default"
+    keep_predicted_oom: bool = False
+    timeout_s: float | None = None
+    grace_s: float = 60.0
+    lease_timeout_s: float = DEFAULT_STALE_AFTER_S
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "grace_s", "lease_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ParsearchError(f"{name} must be >= 0 seconds, got {value:g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CampaignSettings:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """What one ``run`` or ``resume`` did, for the command's final report."""
+
+    campaign: Campaign
+    outcome: Outcome
+    counts: dict[TrialState, int]
+    best: TrialRecord | None
+    interrupted: int
+    elapsed_s: float
+
+    @property
+    def finished(self) -> int:
+        return sum(n for state, n in self.counts.items() if state.finished)
+
+    def render(self, store_path: str | Path) -> str:
+        """The command's closing report: outcome, states, best, how to continue."""
+        campaign = self.campaign
+        states = ", ".join(
+            f"{state.value} {n}" for state, n in self.counts.items() if n and state.finished
+        )
+        lines = [
+            f"campaign '{campaign.name}': {self.outcome.value}; {self.finished}/"
+            f"{campaign.budget} trials finished ({states or 'none'}) "
+            f"[{format_duration(self.elapsed_s)}]"
+        ]
+        if self.best is not None:
+            lines.append(
+                f"best {campaign.objective_metric} {self.best.objective:.4g}: "
+                f"{self.best.layout.short()} (trial #{self.best.number})"
+            )
+        else:
+            lines.append("no trial succeeded yet")
+        if not self.outcome.complete:
+            lines.append(
+                f"{self.interrupted} trial(s) interrupted; continue with: parsearch resume "
+                f"--store {store_path} --name {campaign.name}"
+            )
+        return "\n".join(lines)
+
+
+def start_campaign(
+    space_path: str | Path,
+    store_path: str | Path,
+    *,
+    name: str | None = None,
+    budget: int,
+    seed: int = 0,
+    settings: CampaignSettings = CampaignSettings(),
+    progress: Progress | None = None,
+) -> SessionSummary:
+    """Create a campaign for the space at ``space_path`` and run it."""
+    _check_budget(budget)
+    space = load_space(space_path)
+    name = name or space.name
+    with open_store(store_path) as store:
+        if any(c.name == name for c in store.list_campaigns()):
+            raise StoreError(
+                f"campaign '{name}' already exists in {store.path}; continue it with "
+                f"`parsearch resume --store {store_path} --name {name}`, or pass another --name"
+            )
+        campaign = store.create_campaign(
+            name,
+            space.raw,
+            space_path=str(space_path),
+            seed=seed,
+            budget=budget,
+            backend=settings.backend,
+            settings=settings.to_dict(),
+            objective_metric=space.objective,
+        )
+        return _session(store, campaign, space, settings, progress)
+
+
+def resume_campaign(
+    store_path: str | Path,
+    *,
+    name: str | None = None,
+    budget: int | None = None,
+    overrides: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SessionSummary:
+    """Continue a campaign: re-queue its interrupted trials, then run to its budget.
+
+    ``overrides`` replaces stored settings (``backend``, ``slots``, ``grace_s``...) for this
+    session and later ones.
+    """
+    if budget is not None:
+        _check_budget(budget)
+    with open_store(store_path) as store:
+        campaign = store.get_campaign(name)
+        stored = CampaignSettings.from_dict(campaign.settings)
+        overrides = dict(overrides or {})
+        if overrides.get("backend", stored.backend) != stored.backend:
+            overrides.setdefault("backend_options", {})  # the old backend's do not apply
+        settings = dataclasses.replace(stored, **overrides)
+        source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
+        space = space_from_dict(campaign.space, source=source)
+        return _session(store, campaign, space, settings, progress, budget=budget)
+
+
+def _session(
+    store: SQLiteStore,
+    campaign: Campaign,
+    space: SearchSpace,
+    settings: CampaignSettings,
+    progress: Progress | None,
+    *,
+    budget: int | None = None,
+) -> SessionSummary:
+    started = time.monotonic()
+    progress = progress or Progress(enabled=False)
+    stop = StopRequest()
+    with (
+        stop.on_signals(),
+        Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s) as lease,
+    ):
+        history = _reopen(store, campaign)
+        campaign = store.update_campaign(
+            campaign.id,
+            budget=campaign.budget if budget is None else budget,
+            status=CampaignStatus.RUNNING,
+            finished_at=None,
+        )
+        assert campaign.budget is not None  # start_campaign always sets one
+        strategy = make_strategy(
+            settings.strategy,
+            space,
+            seed=campaign.seed,
+            keep_predicted_oom=settings.keep_predicted_oom,
+        )
+        try:
+            strategy.exclude(record.layout for record in history)
+            strategy.tell([(r.layout, _told_value(r)) for r in history if r.state.finished])
+            backend = create_backend(
+                settings.backend, space, slots=settings.slots, options=settings.backend_options
+            )
+            try:
+                progress.message(
+                    f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, "
+                    f"backend {settings.backend} ({backend.capacity} slots), strategy "
+                    f"{settings.strategy}, {sum(r.state.finished for r in history)} "
+                    f"trials done before"
+                )
+                driver = Driver(
+                    store=store,
+                    campaign=campaign,
+                    space=space,
+                    backend=backend,
+                    strategy=strategy,
+                    lease=lease,
+                    settings=DriverSettings(
+                        budget=campaign.budget,
+                        timeout_s=settings.timeout_s,
+                        grace_s=settings.grace_s,
+                    ),
+                    stop=stop,
+                    progress=progress,
+                )
+                outcome = driver.run(history)
+            finally:
+                backend.close()
+        finally:
+            strategy.close()
+        campaign = store.update_campaign(
+            campaign.id,
+            status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,
+            finished_at=time.time() if outcome.complete else None,
+        )
+        return SessionSummary(
+            campaign=campaign,
+            outcome=outcome,
+            counts=store.counts(campaign.id),
+            best=store.best(campaign.id),
+            interrupted=driver.interrupted,
+            elapsed_s=time.monotonic() - started,
+        )
+
+
+def _reopen(store: SQLiteStore, campaign: Campaign) -> list[TrialRecord]:
+    """The campaign's trials, with whatever an earlier session left unfinished re-queued."""
+    store.mark_interrupted(campaign.id)
+    for record in store.trials(campaign.id, states=[TrialState.INTERRUPTED]):
+        store.requeue(record.id)
+    return store.trials(campaign.id)
+
+
+def _told_value(record: TrialRecord) -> float | str:
+    if record.state is TrialState.OK and record.objective is not None:
+        return float(record.objective)
+    return f"F_{record.state.value}"
+
+
+def _check_budget(budget: int) -> None:
+    if budget < 1:
+        raise ParsearchError(f"--budget must be >= 1, got {budget}")

@@ -1,0 +1,43 @@
+"""``parsearch best --store FILE.db``: the fastest layout found, in a format to paste."""
+
+from __future__ import annotations
+
+import argparse
+
+from parsearch.campaign.arguments import add_store_arguments, memory_size
+from parsearch.campaign.formats import FORMATS, format_layout
+from parsearch.campaign.query import open_campaign
+from parsearch.errors import ParsearchError
+from parsearch.units import format_bytes
+
+
+class NoResultError(ParsearchError):
+    """The campaign has no successful trial (under the memory cap) yet."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "best",
+        help="the best layout of a campaign so far",
+        description="Print the successful trial with the best objective (optionally within "
+        "a peak-memory cap). Safe while the campaign runs.",
+    )
+    add_store_arguments(parser)
+    parser.add_argument(
+        "--max-mem",
+        type=memory_size,
+        metavar="SIZE",
+        help="only trials whose measured peak memory per rank is at most SIZE (60GiB, bytes)",
+    )
+    parser.add_argument("--format", default="text", choices=sorted(FORMATS))
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_campaign(args.store, args.name) as (store, campaign):
+        record = store.best(campaign.id, max_mem_bytes=args.max_mem)
+    if record is None:
+        cap = f" within {format_bytes(args.max_mem)} per rank" if args.max_mem else ""
+        raise NoResultError(f"campaign '{campaign.name}' has no successful trial{cap} yet")
+    print(format_layout(record, campaign, args.format))
+    return 0

@@ -1,0 +1,69 @@
+"""``parsearch run SPACE.yaml --store FILE.db``: start a campaign and drive it to its budget."""
+
+from __future__ import annotations
+
+import argparse
+
+from parsearch.backends import parse_options, serve_if_worker
+from parsearch.campaign.arguments import add_session_arguments, positive_int
+from parsearch.campaign.progress import Progress
+from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.campaign.strategy import STRATEGIES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="search a space: run trials chosen by Bayesian optimisation, record them",
+        description="Start a campaign: DeepHyper's CBO proposes layouts the space's rules and "
+        "memory estimate allow, seeded by the estimate's best; each runs as a short real "
+        "training trial (or a simulated one) and is recorded in the store. Stop it with "
+        "SIGTERM/SIGINT/SIGUSR1 (running trials drain), continue it with `parsearch resume`.",
+    )
+    parser.add_argument("space", help="search-space YAML file")
+    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    parser.add_argument("--name", help="campaign name (default: the space's name)")
+    parser.add_argument(
+        "--budget", type=positive_int, default=50, help="trials to finish (default 50)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        default="default",
+        help="default: CBO over what divides and fits, seeded by the estimate; cbo-raw: "
+        "plain CBO over the raw space; random: uniform over the raw space",
+    )
+    parser.add_argument(
+        "--keep-predicted-oom",
+        action="store_true",
+        help="also try layouts the estimate predicts to run out of memory",
+    )
+    add_session_arguments(parser, resume=False)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if serve_if_worker(args.backend):
+        return 0
+    settings = CampaignSettings(
+        backend=args.backend,
+        backend_options=parse_options(args.backend_opt or []),
+        slots=args.slots,
+        strategy=args.strategy,
+        keep_predicted_oom=args.keep_predicted_oom,
+        timeout_s=args.timeout,
+        grace_s=args.grace,
+        lease_timeout_s=args.lease_timeout,
+    )
+    summary = start_campaign(
+        args.space,
+        args.store,
+        name=args.name,
+        budget=args.budget,
+        seed=args.seed,
+        settings=settings,
+        progress=Progress(enabled=not args.quiet),
+    )
+    print(summary.render(args.store))
+    return 0

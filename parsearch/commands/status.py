@@ -1,0 +1,79 @@
+"""``parsearch status --store FILE.db``: where a campaign stands, even while it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+from parsearch.campaign.arguments import add_store_arguments
+from parsearch.campaign.progress import describe_best, format_duration
+from parsearch.campaign.query import CampaignProgress, campaign_progress, open_campaign
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="progress of a campaign: trials by state, best so far, ETA",
+        description="Show a campaign's progress from its store (opened read-only, so it is "
+        "safe while the campaign runs, from any host that sees the file).",
+    )
+    add_store_arguments(parser)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_campaign(args.store, args.name) as (store, campaign):
+        progress = campaign_progress(store, campaign)
+        others = [c.name for c in store.list_campaigns() if c.id != campaign.id]
+    if args.format == "json":
+        print(json.dumps(_document(progress), indent=2))
+    else:
+        print(_text(progress, others))
+    return 0
+
+
+def _document(progress: CampaignProgress) -> dict:
+    campaign, best = progress.campaign, progress.best
+    return {
+        "campaign": campaign.name,
+        "status": campaign.status.value,
+        "budget": campaign.budget,
+        "finished": progress.finished,
+        "failed": progress.failed,
+        "states": {state.value: n for state, n in progress.counts.items()},
+        "eta_s": progress.eta_s,
+        "best": None
+        if best is None
+        else {"trial": best.number, "objective": best.objective, "layout": best.config},
+        "objective_metric": campaign.objective_metric,
+        "backend": campaign.backend,
+        "created_at": campaign.created_at,
+        "finished_at": campaign.finished_at,
+    }
+
+
+def _text(progress: CampaignProgress, others: list[str]) -> str:
+    campaign, best = progress.campaign, progress.best
+    created = datetime.fromtimestamp(campaign.created_at).strftime("%Y-%m-%d %H:%M")
+    states = ", ".join(f"{s.value} {n}" for s, n in progress.counts.items() if n) or "none yet"
+    budget = campaign.budget or 0
+    share = f" ({progress.finished / budget:.0%})" if budget else ""
+    lines = [
+        f"campaign '{campaign.name}' ({campaign.status.value}; backend {campaign.backend}; "
+        f"started {created})",
+        f"  trials   {progress.finished}/{budget} finished{share}; {states}",
+        "  "
+        + describe_best(
+            best.objective if best else None,
+            best.layout if best else None,
+            campaign.objective_metric,
+        )
+        + (f" (trial #{best.number})" if best else ""),
+    ]
+    if progress.eta_s is not None:
+        lines.append(f"  ETA      {format_duration(progress.eta_s)}")
+    if others:
+        lines.append(f"  other campaigns in this store: {', '.join(others)}")
+    return "\n".join(lines)

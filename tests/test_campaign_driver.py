@@ -1,0 +1,157 @@
+"""The driver and its sessions in-process, on a real SQLite file and the simulate backend."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from parsearch.campaign.driver import Outcome
+from parsearch.campaign.lease import Lease
+from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
+from parsearch.errors import CampaignLockedError, StoreError
+from parsearch.result import TrialState
+from parsearch.space import load_space
+from parsearch.store import CampaignStatus, open_store
+
+SPACES = Path(__file__).parent.parent / "search_spaces"
+GPT175 = SPACES / "gpt-175b-frontier.yaml"
+TINY = SPACES / "tiny-cpu.yaml"
+
+
+def _simulate(slots=1, **options):
+    return CampaignSettings(
+        backend="simulate",
+        slots=slots,
+        backend_options={key: str(value) for key, value in options.items()},
+        grace_s=0.0,
+        lease_timeout_s=2.0,
+    )
+
+
+def _trials(path, name=None):
+    with open_store(path, readonly=True) as store:
+        campaign = store.get_campaign(name)
+        return campaign, store.trials(campaign.id)
+
+
+@pytest.mark.parametrize("slots", [1, 64])
+def test_finishes_exactly_the_budget_and_records_everything(tmp_path, slots):
+    db = tmp_path / "c.db"
+    summary = start_campaign(
+        GPT175, db, budget=50, seed=1, settings=_simulate(slots, mem_factor=1.1)
+    )
+    assert summary.outcome is Outcome.BUDGET
+    campaign, trials = _trials(db)
+    assert len(trials) == summary.finished == 50
+    assert all(t.state.finished for t in trials)
+    assert len({t.key for t in trials}) == 50
+    assert {t.origin for t in trials} >= {"initial"}
+    assert all(t.predicted and t.predicted["fits"] for t in trials)
+    assert all(t.attempt == 1 and t.hosts for t in trials)
+    assert any(t.state is TrialState.OOM for t in trials), "mem_factor 1.1 makes some OOM"
+    assert campaign.status is CampaignStatus.FINISHED and campaign.finished_at
+    assert campaign.settings["strategy"] == "default" and campaign.backend == "simulate"
+    assert campaign.space["name"] == "gpt-175b-frontier"
+    assert {"parsearch", "deephyper", "python"} <= set(campaign.versions)
+    best = max((t for t in trials if t.objective is not None), key=lambda t: t.objective)
+    assert summary.best.number == best.number
+
+
+def test_a_space_smaller_than_the_budget_ends_when_exhausted(tmp_path):
+    summary = start_campaign(TINY, tmp_path / "c.db", budget=200, settings=_simulate(8))
+    feasible = len(load_space(TINY).plan().feasible)
+    assert summary.outcome is Outcome.EXHAUSTED
+    assert summary.finished == feasible
+    assert summary.campaign.status is CampaignStatus.FINISHED
+
+
+def test_cbo_raw_records_what_does_not_divide_as_infeasible(tmp_path):
+    settings = CampaignSettings(backend="simulate", strategy="cbo-raw", slots=4)
+    summary = start_campaign(TINY, tmp_path / "c.db", budget=30, settings=settings)
+    _, trials = _trials(tmp_path / "c.db")
+    assert summary.finished == len(trials) == 30
+    infeasible = [t for t in trials if t.state is TrialState.INFEASIBLE]
+    assert infeasible and all(t.error for t in infeasible)
+    assert any("does not divide the world size 4" in t.error for t in infeasible)
+    assert all(t.predicted is None and not t.hosts for t in infeasible)
+
+
+def test_run_refuses_an_existing_campaign_name(tmp_path):
+    db = tmp_path / "c.db"
+    start_campaign(TINY, db, budget=2, settings=_simulate())
+    with pytest.raises(StoreError, match=r"already exists.*parsearch resume"):
+        start_campaign(TINY, db, budget=2, settings=_simulate())
+    start_campaign(TINY, db, name="again", budget=2, settings=_simulate())
+
+
+def _signal_soon(sig, after_s):
+    timer = threading.Timer(after_s, os.kill, (os.getpid(), sig))
+    timer.start()
+    return timer
+
+
+def test_a_signal_drains_then_resume_continues_to_the_budget(tmp_path):
+    db = tmp_path / "c.db"
+    _signal_soon(signal.SIGUSR1, 1.0)
+    settings = _simulate(4, delay=0.3, jitter=0.5)
+    first = start_campaign(GPT175, db, budget=40, settings=settings)
+    assert first.outcome is Outcome.STOPPED
+    campaign, before = _trials(db)
+    assert campaign.status is CampaignStatus.STOPPED
+    done_before = {t.number: t for t in before if t.state.finished}
+    interrupted = {t.number for t in before if t.state is TrialState.INTERRUPTED}
+    assert 0 < len(done_before) < 40
+    # Grace 0: the trials running at the signal were interrupted, not waited for.
+    assert first.interrupted == len(interrupted) >= 1
+
+    second = resume_campaign(db, overrides={"backend_options": {"delay": "0.01"}})
+    assert second.outcome is Outcome.BUDGET
+    _, after = _trials(db)
+    assert len(after) == 40 and all(t.state.finished for t in after)
+    by_number = {t.number: t for t in after}
+    for number, trial in done_before.items():
+        assert by_number[number] == trial, "a finished trial never changes"
+    assert all(by_number[n].attempt == 2 for n in interrupted)
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "handlers are restored"
+
+
+def test_timeout_stops_the_session_and_a_larger_budget_continues(tmp_path):
+    db = tmp_path / "c.db"
+    settings = _simulate(2, delay=0.1)
+    settings = CampaignSettings(**{**settings.to_dict(), "timeout_s": 0.5, "grace_s": 5.0})
+    first = start_campaign(GPT175, db, budget=100, settings=settings)
+    assert first.outcome is Outcome.TIMED_OUT
+    assert first.interrupted == 0, "the grace period let running trials finish"
+    assert 4 <= first.finished < 20
+    done = resume_campaign(db, budget=first.finished + 5, overrides={"timeout_s": 60.0})
+    assert done.outcome is Outcome.BUDGET and done.finished == first.finished + 5
+    again = resume_campaign(db)
+    assert again.outcome is Outcome.BUDGET and again.finished == first.finished + 5
+
+
+def test_a_live_lease_refuses_a_second_driver_and_a_stale_one_is_taken_over(tmp_path):
+    db = tmp_path / "c.db"
+    start_campaign(TINY, db, budget=2, settings=_simulate())
+    with open_store(db) as store:
+        campaign = store.get_campaign()
+        store.acquire_lease(campaign.id, "driver-that-died", stale_after_s=1.0)
+    with pytest.raises(CampaignLockedError, match="being run by another parsearch driver"):
+        resume_campaign(db, budget=4)
+    time.sleep(2.1)  # the campaign's lease timeout is 2 s
+    assert resume_campaign(db, budget=4).finished == 4
+
+
+def test_a_driver_that_lost_its_lease_notices_and_releases_nothing(tmp_path):
+    with open_store(tmp_path / "c.db") as store:
+        campaign = store.create_campaign("c", {})
+        with Lease(store, campaign.id, stale_after_s=0.2) as lease:
+            lease.check()
+            store.acquire_lease(campaign.id, "usurper", stale_after_s=0.0)
+            time.sleep(0.3)
+            with pytest.raises(CampaignLockedError, match="usurper"):
+                lease.check()
+        with pytest.raises(CampaignLockedError, match="usurper"):
+            store.acquire_lease(campaign.id, "third", stale_after_s=60.0)

@@ -1,0 +1,157 @@
+"""The strategies: what they propose, never twice, never impossible, seeded by the estimate."""
+
+from pathlib import Path
+
+import pytest
+
+from parsearch.campaign.candidates import raw_layout
+from parsearch.campaign.strategy import (
+    GuidedStrategy,
+    RandomStrategy,
+    RawCBOStrategy,
+    StrategyError,
+    make_strategy,
+)
+from parsearch.space import load_space
+
+SPACES = Path(__file__).parent.parent / "search_spaces"
+
+
+@pytest.fixture(scope="module")
+def space_175b():
+    return load_space(SPACES / "gpt-175b-frontier.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_space(SPACES / "tiny-cpu.yaml")
+
+
+def _objective(space, layout):
+    """A landscape like the real one: the prediction, failing where it does not fit."""
+    if space.violations(layout):
+        return "F_infeasible"
+    prediction = space.predict(layout)
+    return prediction.tokens_per_s if space.fits(prediction) else "F_oom"
+
+
+def _drive(strategy, space, total, batch):
+    """Ask in batches and tell every answer, as the driver does; return all proposals."""
+    proposals = []
+    while len(proposals) < total:
+        asked = strategy.ask(min(batch, total - len(proposals)))
+        if not asked:
+            break
+        proposals += asked
+        strategy.tell([(p.layout, _objective(space, p.layout)) for p in asked])
+    return proposals
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_default_never_proposes_an_impossible_or_repeated_layout(space_175b, batch):
+    strategy = GuidedStrategy(space_175b, seed=3)
+    try:
+        proposals = _drive(strategy, space_175b, 80, batch)
+    finally:
+        strategy.close()
+    assert len(proposals) == 80
+    keys = [p.layout.key() for p in proposals]
+    assert len(set(keys)) == len(keys)
+    for proposal in proposals:
+        assert space_175b.violations(proposal.layout) == []
+        assert space_175b.fits(space_175b.predict(proposal.layout))
+        assert strategy.allows(proposal.layout)
+    assert {p.origin for p in proposals} >= {"initial", "optimizer"}
+
+
+def test_default_starts_from_diverse_best_predicted_layouts(space_175b):
+    strategy = GuidedStrategy(space_175b, seed=0)
+    try:
+        first = strategy.ask(len(strategy.seeds))
+    finally:
+        strategy.close()
+    ranked = strategy.candidates.ranked
+    assert [p.origin for p in first] == ["initial"] * len(first)
+    assert first[0].layout == ranked[0].layout
+    pairs = [(p.layout.tp, p.layout.pp) for p in first]
+    assert len(set(pairs)) == len(pairs), "one seed per (tp, pp)"
+    assert len(first) >= len(space_175b.searched) + 1
+
+
+def test_repeated_asks_without_tells_still_give_new_layouts(tiny):
+    strategy = GuidedStrategy(tiny, seed=1, n_seeds=1)
+    try:
+        strategy.tell([(p.layout, 1.0) for p in strategy.ask(8)])
+        keys = [p.layout.key() for _ in range(10) for p in strategy.ask(1)]
+    finally:
+        strategy.close()
+    assert len(set(keys)) == 10
+
+
+def test_exhausts_the_feasible_space_then_proposes_nothing(tiny):
+    feasible = len(tiny.plan().feasible)
+    strategy = GuidedStrategy(tiny, seed=2)
+    try:
+        proposals = _drive(strategy, tiny, 10 * feasible, 16)
+        assert strategy.ask(4) == []
+    finally:
+        strategy.close()
+    assert len(proposals) == feasible
+    assert len({p.layout.key() for p in proposals}) == feasible
+
+
+def test_excluded_layouts_are_never_proposed(tiny):
+    ranked = [layout for layout, _ in tiny.plan().feasible]
+    strategy = GuidedStrategy(tiny, seed=0)
+    strategy.exclude(ranked[:10])
+    try:
+        proposals = _drive(strategy, tiny, 100, 8)
+    finally:
+        strategy.close()
+    assert {p.layout.key() for p in proposals}.isdisjoint(x.key() for x in ranked[:10])
+    assert len(proposals) == len(ranked) - 10
+
+
+def test_keep_predicted_oom_widens_the_candidates(space_175b):
+    plan = space_175b.plan()
+    pruned = GuidedStrategy(space_175b, seed=0)
+    kept = GuidedStrategy(space_175b, seed=0, keep_predicted_oom=True)
+    try:
+        assert len(pruned.candidates) == len(plan.feasible)
+        assert len(kept.candidates) == len(plan.feasible) + len(plan.predicted_oom)
+        oom = plan.predicted_oom[0][0]
+        assert kept.allows(oom) and not pruned.allows(oom)
+    finally:
+        pruned.close()
+        kept.close()
+
+
+def test_cbo_raw_and_random_search_the_raw_space_without_repeats(tiny):
+    total = sum(1 for _ in tiny.points())
+    for strategy in (RawCBOStrategy(tiny, seed=0), RandomStrategy(tiny, seed=0)):
+        try:
+            proposals = _drive(strategy, tiny, 2 * total, 8)
+        finally:
+            strategy.close()
+        assert len({p.layout.key() for p in proposals}) == len(proposals) == total
+        broken = [p for p in proposals if tiny.violations(p.layout)]
+        assert broken, "the raw space includes layouts that do not divide"
+        assert all(p.prediction is None for p in broken)
+
+
+def test_raw_layout_keeps_distinct_points_distinct(tiny):
+    keys = {raw_layout(tiny, point).key() for point in tiny.points()}
+    assert len(keys) == sum(1 for _ in tiny.points())
+
+
+def test_random_is_reproducible_by_seed(tiny):
+    def order(seed):
+        return [p.layout.key() for p in RandomStrategy(tiny, seed=seed).ask(10)]
+
+    assert order(5) == order(5)
+    assert order(5) != order(6)
+
+
+def test_unknown_strategy_names_the_valid_ones(tiny):
+    with pytest.raises(StrategyError, match="cbo-raw"):
+        make_strategy("bayes", tiny, seed=0)
