@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from parsearch.config import ParallelLayout
 from parsearch.errors import ParsearchError
-from parsearch.space import SearchSpace
+from parsearch.space import SearchSpace, space_from_dict
+
+if TYPE_CHECKING:
+    from parsearch.store import Campaign, TrialRecord
 
 
 class ExportError(ParsearchError):
@@ -193,6 +197,21 @@ def export(name: str, layout: ParallelLayout, space: SearchSpace) -> str:
             f"unknown export format {name!r}; valid: {', '.join(EXPORTERS)}"
         ) from None
     return exporter(layout, space)
+
+
+def record_formatter(name: str) -> Callable[[TrialRecord, Campaign], str]:
+    """The exporter ``name`` as a ``parsearch best --format`` formatter (trial, campaign).
+
+    The campaign keeps its space as loaded, so the export uses the model and settings the
+    trial was measured with, not whatever the space file says today.
+    """
+    exporter = EXPORTERS[name]
+
+    def format_record(record: TrialRecord, campaign: Campaign) -> str:
+        space = space_from_dict(campaign.space, source=campaign.space_path or campaign.name)
+        return exporter(record.layout, space)
+
+    return format_record
 
 
 def _common_megatron_args(layout: ParallelLayout, space: SearchSpace) -> list[str]:

@@ -1,0 +1,30 @@
+"""``parsearch report --store FILE.db --out DIR``: figures and one HTML page of a campaign."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write PNG figures and an HTML page (index.html) for a campaign",
+        description="Draw a campaign's convergence, TP x PP heat map, throughput vs memory "
+        "with the Pareto front, and predicted vs measured figures, and write them with the "
+        "top trials into DIR/index.html. Opens the store read-only, so it can run while the "
+        "campaign does.",
+    )
+    parser.add_argument("--store", required=True, help="results store (SQLite file)")
+    parser.add_argument("--name", help="campaign name (default: the latest campaign)")
+    parser.add_argument("--out", required=True, help="directory for index.html and PNGs")
+    parser.add_argument("--top", type=int, default=10, help="rows in the top table (default 10)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: matplotlib and pandas cost a second that other commands need not pay.
+    from parsearch.report import load_report_data, write_report
+
+    page = write_report(load_report_data(args.store, args.name), args.out, top_k=args.top)
+    print(page)
+    return 0
