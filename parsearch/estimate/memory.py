@@ -19,6 +19,11 @@ from parsearch.estimate.flops import embedding_params, head_params, layer_params
 # master weights + Adam moments = 18 bytes; plain fp32 keeps no master copy = 16 bytes.
 _STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}
 _ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# "megatron": Megatron-LM / DeepSpeed accounting (16-bit weights, distributed optimizer for
+# ZeRO-1). "torch": the built-in trainer (parsearch.bench): fp32 weights with bf16 autocast
+# or FSDP2 mixed precision, FSDP2's sharded + gathered copies, autograd's weight-gradient
+# temporaries and torch.distributed.pipelining's buffers (see _torch_memory).
+FRAMEWORKS = ("megatron", "torch")
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,13 @@ class EstimateSettings:
     gemm_half_efficiency_elements: float = 2.0**19
     dp_overlap: float = 0.7
     collective_latency_s: float = 30e-6
+    framework: str = "megatron"
 
     def __post_init__(self) -> None:
         if self.precision not in _STATE_BYTES:
             raise ValueError(f"precision must be one of {sorted(_STATE_BYTES)}")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {list(FRAMEWORKS)}")
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,18 @@ class MemoryEstimate:
     activations: float
     overhead: float
     stage: int = 0
+    workspace: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.overhead
+        return (
+            self.weights
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.overhead
+            + self.workspace
+        )
 
 
 def activation_bytes_per_layer(
@@ -129,17 +145,72 @@ def memory_by_stage(
         if stage == pp - 1:
             # Logits and their softmax for the loss, in fp32, one micro-batch at a time.
             activations += 2 * 4 * s * b * model.vocab_size / t + e * s * b * model.hidden_size
-        estimates.append(
-            MemoryEstimate(
-                weights=weights,
-                grads=grads,
-                optimizer=optimizer,
-                activations=activations,
-                overhead=float(settings.runtime_overhead_bytes),
-                stage=stage,
-            )
+        estimate = MemoryEstimate(
+            weights=weights,
+            grads=grads,
+            optimizer=optimizer,
+            activations=activations,
+            overhead=float(settings.runtime_overhead_bytes),
+            stage=stage,
         )
+        if settings.framework == "torch":
+            estimate = _torch_memory(estimate, model, layout, settings, params, in_flight)
+        estimates.append(estimate)
     return estimates
+
+
+def _torch_memory(
+    estimate: MemoryEstimate,
+    model: ModelSpec,
+    layout: ParallelLayout,
+    settings: EstimateSettings,
+    params: float,
+    in_flight: float,
+) -> MemoryEstimate:
+    """Model states and transient buffers of the built-in trainer, as measured on CPU with
+    ``MemTracker`` (within a few per cent on the tiny test model).
+
+    * Weights are fp32 (4 B) with fp32 gradients (4 B) and AdamW moments (8 B). Under bf16
+      autocast the bf16 copy of every weight is kept for backward (2 B), 18 B in all.
+    * FSDP2 (``zero_stage`` >= 1) keeps the fp32 shard of weights and gradients (``/dp``)
+      plus the gathered copies (2 B in bf16 mixed precision, 4 B in fp32): all of the stage's
+      weights for stages 1-2 (``reshard_after_forward=False``), the root's (embedding,
+      output) and one layer's for stage 3; unsharded gradients of the whole stage for stage
+      1 (accumulated without reduction) or of the root and one layer for stages 2-3.
+    * Workspace: backward's largest transient, the MLP's (two ``[tokens, ffn]`` activation
+      gradients and one weight-gradient temporary) or, on the last stage, the loss's (the
+      logits' gradient and the output weight's gradient temporary); under pipelining the
+      stage output each in-flight micro-batch keeps and the receive buffers that
+      ``torch.distributed.pipelining`` allocates for every micro-batch, in both directions.
+    """
+    t, dp, pp, stage = layout.tp, layout.dp, layout.pp, estimate.stage
+    s, b, h = model.seq_length, layout.mbs, model.hidden_size
+    e = _ACTIVATION_BYTES[settings.precision]
+    half = settings.precision != "fp32"
+    layer = layer_params(model) / t
+    root = params - (model.num_layers // pp) * layer
+    optimizer = params * 8 / (dp if layout.zero_stage else 1)
+    if layout.zero_stage == 0:
+        weights, grads = params * (4 + (2 if half else 0)), params * 4.0
+    else:
+        gathered = 2 if half else 4
+        held = params if layout.zero_stage < 3 else root + layer
+        weights = params * 4 / dp + held * gathered
+        unreduced = params if layout.zero_stage == 1 else root + layer
+        grads = params * 4 / dp + unreduced * gathered
+    grad_temp_b = 2 if half and layout.zero_stage else 4
+    tokens = s * b
+    workspace = 2 * tokens * model.ffn / t * e + h * model.ffn / t * grad_temp_b
+    if stage == pp - 1:
+        loss = tokens * model.vocab_size / t * 4 + model.vocab_size * h / t * grad_temp_b
+        workspace = max(workspace, loss)
+    if pp > 1:
+        boundary = tokens * h * e / (t if layout.sequence_parallel else 1)
+        receives = (layout.vpp - (stage == 0)) + (layout.vpp - (stage == pp - 1))
+        workspace += receives * layout.gas * boundary
+        if stage != pp - 1:
+            workspace += in_flight * boundary
+    return replace(estimate, weights=weights, grads=grads, optimizer=optimizer, workspace=workspace)
 
 
 def memory_per_rank(
