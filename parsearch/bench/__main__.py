@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
 
-    device = resolve_device(TrainerSettings.from_spec(spec), env)
+    device = resolve_device(TrainerSettings.from_spec(spec), spec, env)
     with process_group(env, device, spec.timeout_s):
         result = train(spec, env)
     if result is not None:

@@ -61,7 +61,7 @@ class TensorPeak:
         with tracker:
             yield
         snapshot = tracker.get_tracker_snapshot("peak").get(self.device, {})
-        self.breakdown = {str(key): int(value) for key, value in snapshot.items()}
+        self.breakdown = {getattr(k, "value", str(k)): int(v) for k, v in snapshot.items()}
         self.peak_bytes = int(snapshot.get("Total", 0))
 
     def finish(self) -> int | None:

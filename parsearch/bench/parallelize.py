@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -186,8 +186,14 @@ def apply_recompute(module: Transformer, mode: str) -> None:
             )
 
 
-def apply_fsdp(module: Transformer, dp_mesh: DeviceMesh, zero_stage: int) -> None:
+def apply_fsdp(
+    module: Transformer, dp_mesh: DeviceMesh, zero_stage: int, param_dtype: torch.dtype | None
+) -> None:
     """FSDP2 over the data-parallel ranks, one parameter group per layer plus the root.
+
+    With ``param_dtype`` (bf16 training) weights are gathered in that dtype and gradients
+    reduced in fp32 (torchtitan's mixed-precision policy), rather than leaving autocast to
+    keep a 16-bit copy of every gathered weight.
 
     ZeRO stages map onto FSDP2's reshard settings as closely as it allows (FSDP2 always
     shards weights, gradients and optimizer states between steps):
@@ -198,10 +204,14 @@ def apply_fsdp(module: Transformer, dp_mesh: DeviceMesh, zero_stage: int) -> Non
     * 1: as 2, and gradients are only reduce-scattered after the last micro-batch
       (``set_requires_gradient_sync``), so full gradients accumulate as in ZeRO-1.
     """
-    reshard = zero_stage >= 3
+    options = {
+        "mesh": dp_mesh,
+        "reshard_after_forward": zero_stage >= 3,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+    }
     for name, block in module.layers.items():
-        module.layers[name] = fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+        module.layers[name] = fully_shard(block, **options)
+    fully_shard(module, **options)
 
 
 def set_gradient_sync(modules: Iterable[nn.Module], enabled: bool) -> None:

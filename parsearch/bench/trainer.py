@@ -99,12 +99,14 @@ class TrainerSettings:
         return spec.allocation.device_memory_bytes if self.enforce_memory_cap else None
 
 
-def resolve_device(settings: TrainerSettings, env: RankEnv) -> torch.device:
+def resolve_device(settings: TrainerSettings, spec: TrialSpec, env: RankEnv) -> torch.device:
     """The rank's device: ``cuda:<local rank>`` modulo the visible devices (the node agent
-    makes one visible per rank), or the CPU."""
+    makes one visible per rank), or the CPU. ``auto`` follows the allocation, and falls back
+    to the CPU where no GPU is visible."""
     kind = settings.device
     if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        gpu = spec.allocation.device != "cpu" and torch.cuda.is_available()
+        kind = "cuda" if gpu else "cpu"
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise TrainerError("trainer.device is 'cuda' but no GPU is visible")
@@ -136,6 +138,8 @@ class ParallelJob:
             device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
         )
         self._loss = make_loss(self.mesh["tp"])
+        precision = resolve_precision(settings, device)
+        self.param_dtype = torch.bfloat16 if precision == "bf16" else None
         with torch.device("meta"):
             whole = Transformer(model)
         num_stages = layout.pp * layout.vpp
@@ -152,15 +156,15 @@ class ParallelJob:
             materialize(module, device, spec.seed)
             apply_recompute(module, layout.recompute)
             if layout.zero_stage:
-                apply_fsdp(module, self.mesh["dp"], layout.zero_stage)
+                apply_fsdp(module, self.mesh["dp"], layout.zero_stage, self.param_dtype)
         self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         self.optimizer = torch.optim.AdamW(
             _groups_by_mesh(self.params),
             lr=settings.lr,
             weight_decay=settings.weight_decay,
-            foreach=True,
+            fused=True,
         )
-        self.autocast = precision_context(resolve_precision(settings, device), device)
+        self.autocast = precision_context(precision, device)
         self.schedule = None
         if layout.pp > 1:
             self.schedule = build_schedule(
@@ -228,8 +232,9 @@ class ParallelJob:
 
 
 def _groups_by_mesh(params: list[nn.Parameter]) -> list[dict[str, Any]]:
-    """One optimizer parameter group per device mesh (plain tensors together), so the
-    ``foreach`` kernels never mix DTensors of different meshes with plain tensors."""
+    """One optimizer parameter group per device mesh (plain tensors together), so the fused
+    AdamW kernel (Megatron's choice too: no temporaries the size of the model) never mixes
+    DTensors of different meshes with plain tensors."""
     groups: dict[Any, list[nn.Parameter]] = {}
     for param in params:
         groups.setdefault(getattr(param, "device_mesh", None), []).append(param)
@@ -277,7 +282,7 @@ def train(spec: TrialSpec, env: RankEnv) -> TrialResult | None:
     """Run the trial on this rank (inside :func:`process_group`); rank 0 returns the result,
     the other ranks ``None``."""
     settings = TrainerSettings.from_spec(spec)
-    device = resolve_device(settings, env)
+    device = resolve_device(settings, spec, env)
     check_layout(spec.layout, spec.model, env.world_size)
     job = ParallelJob(spec, settings, device)
     peak = TensorPeak(device)
@@ -353,6 +358,7 @@ def _report(
         "peak_mem_bytes": max((p for p in peaks if p is not None), default=None),
         "peak_mem_bytes_per_rank": peaks,
         "peak_mem_source": "max_memory_allocated" if device.type == "cuda" else "MemTracker",
+        "peak_mem_breakdown_rank0": peak.breakdown,
         "peak_rss_bytes": max((r for r in rss if r is not None), default=None),
         "peak_rss_bytes_per_rank": rss,
         "memory_cap_bytes": cap,
