@@ -149,7 +149,7 @@ def torchtitan_toml(layout: ParallelLayout, space: SearchSpace) -> str:
         # them after forward is ZeRO-3. torchtitan has no optimizer-only sharding (ZeRO-1).
         parallelism["fsdp_reshard_after_forward"] = "always" if layout.zero_stage == 3 else "never"
         if layout.zero_stage == 1:
-            notes.append("ZeRO-1 has no torchtitan equivalent: FSDP below also shards grads")
+            notes.append("ZeRO-1 has no torchtitan equivalent; FSDP also shards grads and weights")
     parallelism["tensor_parallel_degree"] = layout.tp
     if layout.tp > 1 and not layout.sequence_parallel:
         notes.append("torchtitan always applies sequence parallelism with TP; the trial did not")

@@ -14,6 +14,9 @@ import argparse
 import dataclasses
 import json
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -294,3 +297,37 @@ def test_unknown_format_names_the_valid_ones(space):
     with pytest.raises(ExportError, match="megatron, megatron-deepspeed, deepspeed, torchtitan"):
         export("nemo", _layout(), space)
     assert list(EXPORTERS) == ["megatron", "megatron-deepspeed", "deepspeed", "torchtitan"]
+
+
+def test_parsearch_best_prints_each_format_of_the_stored_best(tmp_path):
+    """End to end: a simulated campaign, then ``parsearch best --format`` for each trainer."""
+    root = Path(__file__).parent.parent
+    store = tmp_path / "l8.db"
+
+    def parsearch(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "parsearch", *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=root)
+
+    space_file = root / "search_spaces" / "llama3-8b-h200.yaml"
+    ran = parsearch("run", str(space_file), "--store", str(store), "--backend", "simulate",
+                    "--budget", "12", "--quiet")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    best = json.loads(parsearch("best", "--store", str(store), "--format", "json").stdout)
+    layout = ParallelLayout.from_dict(best["layout"])
+    printed = {
+        fmt: parsearch("best", "--store", str(store), "--format", fmt)
+        for fmt in ("megatron", "deepspeed", "torchtitan")
+    }
+    deepspeed_runs_it = layout.vpp == 1 and not (layout.pp > 1 and layout.zero_stage > 1)
+    for fmt, result in printed.items():
+        if fmt == "deepspeed" and not deepspeed_runs_it:
+            assert result.returncode == 2 and "cannot run" in result.stderr
+        else:
+            assert result.returncode == 0, (fmt, result.stderr)
+    args = _parse(MEGATRON_LM_FLAGS, printed["megatron"].stdout)
+    assert (args.tensor_model_parallel_size, args.micro_batch_size) == (layout.tp, layout.mbs)
+    if deepspeed_runs_it:
+        config = json.loads(printed["deepspeed"].stdout)
+        assert config["train_batch_size"] == layout.global_batch
+    parallel = tomllib.loads(printed["torchtitan"].stdout)["parallelism"]
+    assert parallel["pipeline_parallel_degree"] == layout.pp
