@@ -1,0 +1,31 @@
+"""The results store: campaigns and trials in one SQLite file (see :mod:`.sqlite` for why so).
+
+``open_store(path)`` for the driver, the single writer; ``open_store(path, readonly=True)``
+for everything that only reads (status, best, top, export, notebooks).
+"""
+
+from __future__ import annotations
+
+import os
+
+from parsearch.store.records import Campaign, CampaignStatus, TrialRecord
+from parsearch.store.schema import SCHEMA_VERSION
+from parsearch.store.sqlite import SQLiteStore
+
+Store = SQLiteStore
+
+
+def open_store(path: str | os.PathLike[str], readonly: bool = False) -> SQLiteStore:
+    """Open (read-write: create or upgrade) the store at ``path``; ``":memory:"`` for tests."""
+    return SQLiteStore(path, readonly=readonly)
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Campaign",
+    "CampaignStatus",
+    "SQLiteStore",
+    "Store",
+    "TrialRecord",
+    "open_store",
+]

@@ -1,0 +1,178 @@
+"""How the store opens SQLite, and the one transaction helper every statement goes through.
+
+Journal and locking are chosen for the shared filesystems clusters keep results on (Lustre,
+GPFS, NFS), where the driver, ``parsearch status`` and a notebook may run on different hosts:
+
+* ``journal_mode=DELETE`` (the rollback journal), not WAL. WAL coordinates readers and the
+  writer through a memory-mapped ``-shm`` file, and memory maps are not coherent across hosts
+  on a network filesystem: a reader on another node can see a torn index and SQLite can
+  corrupt the file. The rollback journal needs only POSIX byte-range locks on the database.
+* ``synchronous=FULL``: a commit is on disk (journal and database fsynced) before a write
+  returns, so a node crash or a Slurm kill right after a trial finishes never loses that
+  trial, which may have cost an hour of a 128-node allocation.
+* One writer. The campaign driver is the only process that writes; it holds a lease row
+  (owner, host, pid, heartbeat) so that a second driver started by mistake, possibly on
+  another host, is refused by name rather than interleaving with it. The lease does not lean
+  on the filesystem's locks alone, which may be weak or node-local (Lustre mounted with
+  ``localflock``, NFS without a lock daemon).
+* Short write transactions: each write is one small ``BEGIN IMMEDIATE ... COMMIT``.
+  IMMEDIATE takes the write lock up front, so a read-then-write sequence (allocating a trial
+  number, checking a lease) cannot be overtaken, and a second writer waits in
+  ``busy_timeout`` instead of failing with a deadlock error halfway through.
+* Readers open the file with ``mode=ro``: they cannot write, cannot create a journal and
+  cannot roll one back, so no query command can modify or corrupt a store a driver is
+  writing. They see every committed transaction and never a partial one; a reader holds
+  its shared lock only for the length of one query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+from parsearch.errors import StoreError
+
+MEMORY = ":memory:"
+
+
+class Database:
+    """One SQLite connection, opened as above, shared safely by the threads of one process.
+
+    Statements are serialised on a lock: the driver may renew its lease from a heartbeat
+    thread while its main loop records results.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, readonly: bool = False, timeout_s: float = 30.0
+    ) -> None:
+        self.readonly = readonly
+        self.timeout_s = timeout_s
+        self.path = MEMORY if str(path) == MEMORY else Path(path).expanduser().absolute()
+        self._lock = threading.RLock()
+        self._conn = self._connect()
+        if not readonly:
+            try:
+                for pragma in ("journal_mode = DELETE", "synchronous = FULL", "foreign_keys = ON"):
+                    self._conn.execute(f"PRAGMA {pragma}")
+            except sqlite3.Error as exc:
+                self._conn.close()
+                raise self.error(exc, "opening it") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path == MEMORY:
+            if self.readonly:
+                raise StoreError("an in-memory store cannot be opened read-only: it is empty")
+            target, uri = MEMORY, False
+        elif self.readonly:
+            target, uri = f"file:{quote(str(self.path))}?mode=ro", True
+        else:
+            target, uri = str(self.path), False
+        try:
+            # isolation_level=None: the sqlite3 module issues no implicit BEGIN;
+            # transaction() says where each transaction begins and ends.
+            return sqlite3.connect(
+                target,
+                uri=uri,
+                timeout=self.timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise self.error(exc, "opening it") from exc
+
+    @contextlib.contextmanager
+    def transaction(self, action: str, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """Run the block as one transaction: committed when it ends, rolled back if it raises.
+
+        ``action`` completes "while ..." in error messages. A write takes the write lock at
+        ``BEGIN`` (IMMEDIATE), waiting up to ``timeout_s`` for another writer; a read sees
+        one consistent snapshot across its statements.
+        """
+        if write and self.readonly:
+            raise StoreError(
+                f"store {self.path} is open read-only; {action} needs a command that writes"
+            )
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self.error(exc, action) from exc
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            # SQLite may have rolled back already (say after SQLITE_FULL); the caller's error
+            # is the one worth reporting, not a failed second rollback.
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def error(self, exc: sqlite3.Error, action: str) -> StoreError:
+        """A :class:`StoreError` that says what failed on which file, and what to do."""
+        code = getattr(exc, "sqlite_errorname", "")
+        where = self.path
+        if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            return StoreError(
+                f"store {where} stayed locked for more than {self.timeout_s:g} s while "
+                f"{action}: another process is writing it. Only one parsearch driver may "
+                f"write a store; query commands open it read-only"
+            )
+        if code in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+            return StoreError(
+                f"{where} is not a parsearch store: the file is not an SQLite database or is "
+                f"corrupt ({exc})"
+            )
+        if code == "SQLITE_READONLY_ROLLBACK":
+            return StoreError(
+                f"store {where} holds an unfinished write (a driver stopped mid-transaction, "
+                f"leaving {where}-journal) that a read-only command cannot roll back; open "
+                f"it once with a command that writes (parsearch resume) to recover it"
+            )
+        if code.startswith("SQLITE_READONLY"):
+            return StoreError(
+                f"cannot write store {where} while {action}: the file or its directory is "
+                f"read-only (the directory must be writable for the journal file)"
+            )
+        # A directory fails as CANTOPEN read-write but as IOERR read-only.
+        if code.startswith("SQLITE_CANTOPEN") or (self.path != MEMORY and self.path.is_dir()):
+            return StoreError(self._cannot_open())
+        if code == "SQLITE_FULL":
+            return StoreError(f"the filesystem of store {where} is full ({action})")
+        if code.startswith("SQLITE_IOERR"):
+            return StoreError(
+                f"I/O error on store {where} while {action} ({exc}); if it lies on a network "
+                f"filesystem without POSIX locks (Lustre needs -o flock), move it to one "
+                f"with locks or to a local disk"
+            )
+        return StoreError(f"store {where}: {action} failed: {exc}")
+
+    def _cannot_open(self) -> str:
+        """Why SQLite could not open the file, found out after the fact (no race, no cost)."""
+        path = Path(self.path)
+        if path.is_dir():
+            example = path / "parsearch.db"
+            return f"{path} is a directory; give the store a file name such as {example}"
+        if not path.parent.exists():
+            return f"cannot create store {path}: directory {path.parent} does not exist"
+        if not path.parent.is_dir():
+            return f"cannot create store {path}: {path.parent} is not a directory"
+        if self.readonly and not path.exists():
+            return f"no store at {path} (has a campaign run there yet?)"
+        return (
+            f"cannot open store {path}: permission denied or read-only filesystem "
+            f"(the file and its directory must be writable)"
+        )
