@@ -48,7 +48,9 @@ class RankEnv:
             if rank_var in environ and world_var in environ:
                 rank, world = int(environ[rank_var]), int(environ[world_var])
                 local = int(environ.get(local_var, rank))
-                local_world = int(environ.get(local_world_var, world).split("(")[0].split(",")[0])
+                # Slurm may write "4(x2)" or "4,2": the first node's count is ours or equal.
+                text = environ.get(local_world_var, str(world))
+                local_world = int(text.split("(")[0].split(",")[0])
                 break
         if not 0 <= rank < world:
             raise TrainerError(f"rank {rank} is outside world size {world}")
