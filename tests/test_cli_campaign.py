@@ -1,0 +1,168 @@
+"""``parsearch status | best | top | export`` and ``results()`` on a real store."""
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from parsearch.campaign import results
+from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.cli import main
+
+ROOT = Path(__file__).parent.parent
+GPT175 = ROOT / "search_spaces" / "gpt-175b-frontier.yaml"
+TINY = ROOT / "search_spaces" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Two campaigns: a 175B rehearsal where some trials OOM, and one where all do."""
+    db = tmp_path_factory.mktemp("cli") / "c.db"
+    settings = CampaignSettings(
+        backend="simulate", slots=4, backend_options={"mem_factor": "1.1", "seed": "3"}
+    )
+    start_campaign(GPT175, db, name="rehearsal", budget=30, settings=settings)
+    doomed = CampaignSettings(backend="simulate", backend_options={"mem_factor": "100"})
+    start_campaign(TINY, db, name="doomed", budget=3, settings=doomed)
+    return db
+
+
+def _cli(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_status_text_and_json(store, capsys):
+    code, out, _ = _cli(capsys, "status", "--store", str(store), "--name", "rehearsal")
+    assert code == 0
+    assert "campaign 'rehearsal' (finished" in out and "30/30 finished (100%)" in out
+    assert "best tokens_per_s" in out and "other campaigns in this store: doomed" in out
+    code, out, _ = _cli(capsys, "status", "--store", str(store), "--format", "json")
+    data = json.loads(out)
+    assert data["campaign"] == "doomed", "without --name: the newest campaign"
+    assert data["states"]["oom"] == 3 and data["best"] is None and data["eta_s"] is None
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_best_is_machine_readable(store, capsys, fmt):
+    code, out, _ = _cli(
+        capsys, "best", "--store", str(store), "--name", "rehearsal", "--format", fmt
+    )
+    assert code == 0
+    data = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    frame = results(store, "rehearsal")
+    ok = frame[frame.state == "ok"]
+    assert data["objective"]["value"] == pytest.approx(ok.objective.max())
+    assert data["layout"]["tp"] * data["layout"]["pp"] * data["layout"]["dp"] == 1024
+    assert data["metrics"]["tokens_per_s"] == pytest.approx(data["objective"]["value"])
+    assert data["predicted"]["fits"] is True
+
+
+def test_best_under_a_memory_cap(store, capsys):
+    frame = results(store, "rehearsal")
+    ok = frame[frame.state == "ok"]
+    cap = int(ok.peak_mem_bytes.median())
+    code, out, _ = _cli(
+        capsys,
+        "best",
+        "--store",
+        str(store),
+        "--name",
+        "rehearsal",
+        "--max-mem",
+        str(cap),
+        "--format",
+        "json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["metrics"]["peak_mem_bytes"] <= cap
+    assert data["objective"]["value"] == pytest.approx(ok[ok.peak_mem_bytes <= cap].objective.max())
+    code, out, _ = _cli(capsys, "best", "--store", str(store), "--name", "rehearsal")
+    assert "best of campaign 'rehearsal'" in out and "(predicted" in out
+
+
+def test_best_without_a_success_is_an_error(store, capsys):
+    code, _, err = _cli(capsys, "best", "--store", str(store), "--name", "doomed")
+    assert code == 1 and "has no successful trial yet" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["best", "--store", str(store), "--max-mem", "lots"])
+    assert exit_info.value.code == 2 and "expected a size" in capsys.readouterr().err
+
+
+def test_top_k_in_every_format(store, capsys):
+    args = ("top", "--store", str(store), "--name", "rehearsal", "-k", "5")
+    code, out, _ = _cli(capsys, *args)
+    assert code == 0 and "top 5 of campaign 'rehearsal'" in out
+    _, out, _ = _cli(capsys, *args, "--format", "json")
+    ranked = json.loads(out)
+    values = [row["objective"]["value"] for row in ranked]
+    assert len(values) == 5 and values == sorted(values, reverse=True)
+    _, out, _ = _cli(capsys, *args, "--format", "csv")
+    rows = list(csv.DictReader(out.splitlines()))
+    assert [float(r["objective"]) for r in rows] == pytest.approx(values)
+    assert all(r["predicted_objective"] for r in rows)
+
+
+def test_export_csv_matches_results(store, capsys, tmp_path):
+    out_path = tmp_path / "results.csv"
+    code, out, _ = _cli(
+        capsys, "export", "--store", str(store), "--name", "rehearsal", "--out", str(out_path)
+    )
+    assert code == 0 and "wrote 30 trials" in out
+    exported = pd.read_csv(out_path)
+    frame = results(store, "rehearsal")
+    assert len(exported) == len(frame) == 30
+    assert set(exported.key) == set(frame.key)
+    assert "predicted.tokens_per_s" in exported.columns
+    code, _, err = _cli(capsys, "export", "--store", str(store), "--out", str(tmp_path / "x.xls"))
+    assert code == 1 and ".csv" in err
+
+
+def test_query_errors_name_the_problem(tmp_path, capsys, store):
+    code, _, err = _cli(capsys, "status", "--store", str(tmp_path / "none.db"))
+    assert code == 1 and "no store at" in err
+    code, _, err = _cli(capsys, "top", "--store", str(store), "--name", "nope")
+    assert code == 1 and "no campaign 'nope'" in err and "rehearsal" in err
+
+
+@pytest.mark.e2e
+def test_queries_work_while_a_campaign_runs(tmp_path):
+    db = tmp_path / "live.db"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "parsearch", "run", str(GPT175), "--store", str(db),
+         "--backend", "simulate", "--budget", "40", "--slots", "2",
+         "--backend-opt", "delay=0.5", "--quiet"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            status = subprocess.run(
+                [sys.executable, "-m", "parsearch", "status", "--store", str(db), "--format",
+                 "json"],
+                capture_output=True, text=True, cwd=ROOT,
+            )  # fmt: skip
+            if status.returncode == 0 and json.loads(status.stdout)["best"] is not None:
+                break
+            assert time.monotonic() < deadline, status.stderr
+            time.sleep(0.3)
+        data = json.loads(status.stdout)
+        assert data["status"] == "running" and 0 < data["finished"] < 40
+        best = subprocess.run(
+            [sys.executable, "-m", "parsearch", "best", "--store", str(db), "--format", "json"],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        assert best.returncode == 0, best.stderr
+        assert json.loads(best.stdout)["state"] == "ok"
+    finally:
+        driver.terminate()
+        driver.communicate(timeout=30)
+    assert driver.returncode == 0

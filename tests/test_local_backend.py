@@ -1,0 +1,105 @@
+"""The local backend with the real built-in trainer: concurrent trials, failures, cancel, e2e."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from parsearch.backends import create_backend
+from parsearch.errors import BackendError
+from parsearch.result import TrialState
+from parsearch.space import load_space
+from parsearch.trial import TrialSpec
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+ROOT = Path(__file__).parent.parent
+TINY_SPACE = {
+    "name": "two-ranks",
+    "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+              "seq_length": 32},
+    "allocation": {"nodes": 1, "devices_per_node": 2, "device": "cpu", "device_memory": "256MiB",
+                   "peak_tflops": 0.05},
+    "search": {"tp": [1, 2], "pp": [1, 2], "mbs": [1, 2]},
+    "global_batch": 4,
+    "trainer": {"kind": "builtin", "steps": 2, "warmup_steps": 1, "timeout": 120},
+    "estimate": {"precision": "fp32"},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def space_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("local") / "two-ranks.yaml"
+    path.write_text(yaml.safe_dump(TINY_SPACE))
+    return path
+
+
+def _spec(space, layout, trial_id, timeout_s=120.0):
+    return TrialSpec(
+        trial_id, space.model, layout, space.allocation, space.trainer, timeout_s=timeout_s
+    )
+
+
+def _wait(backend, count, timeout_s=180):
+    done, deadline = [], time.monotonic() + timeout_s
+    while len(done) < count:
+        assert time.monotonic() < deadline, "trials did not finish"
+        done += backend.poll(1.0)
+    return {f.trial_id: f.result for f in done}
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_concurrent_trials_failures_and_cancel(space_file, tmp_path):
+    space = load_space(space_file)
+    layouts = [layout for layout, _ in space.plan().feasible]
+    backend = create_backend("local", space, slots=2, options={"workdir": str(tmp_path)})
+    try:
+        assert backend.capacity == backend.free_slots() == 2
+        assert backend.submit(_spec(space, layouts[0], "a")) == [os.uname().nodename]
+        backend.submit(_spec(space, layouts[1], "b", timeout_s=0.5))  # cannot even import torch
+        assert backend.free_slots() == 0
+        with pytest.raises(BackendError, match="busy"):
+            backend.submit(_spec(space, layouts[2], "c"))
+        results = _wait(backend, 2)
+        assert results["a"].status is TrialState.OK, results["a"].error
+        assert results["a"].metrics["tokens_per_s"] > 0 and results["a"].metrics["peak_mem_bytes"]
+        assert results["b"].status is TrialState.TIMEOUT
+        assert (tmp_path / "a" / "rank1.log").exists(), "workdir keeps the logs"
+
+        backend.submit(_spec(space, layouts[2], "c"))
+        time.sleep(0.5)
+        pids = [rank.pid for rank in backend._running["c"].runs[0].ranks]
+        backend.cancel("c")
+        assert backend.free_slots() == 2 and backend.poll(0.1) == []
+        assert not any(_alive(pid) for pid in pids), "cancel kills the trial's ranks"
+    finally:
+        backend.close()
+
+
+@pytest.mark.e2e
+def test_run_and_best_with_the_built_in_trainer(space_file, tmp_path):
+    db = tmp_path / "demo.db"
+    run = subprocess.run(
+        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store", str(db),
+         "--budget", "3"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "budget reached; 3/3 trials finished" in run.stdout
+    best = subprocess.run(
+        [sys.executable, "-m", "parsearch", "best", "--store", str(db)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert best.returncode == 0, best.stderr
+    assert "best of campaign 'two-ranks'" in best.stdout and "tokens_per_s" in best.stdout
