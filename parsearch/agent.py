@@ -42,6 +42,15 @@ OOM_MARKERS = (
     "hiperroroutofmemory",
     "can't allocate memory",
 )
+# What a rank prints when a *peer* died: it failed as a consequence, not as the cause.
+COLLATERAL_MARKERS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "socket timeout",
+    "communicator was aborted",
+    "collective operation timeout",
+)
 TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
 OK_TAIL_BYTES = 4 * 1024
@@ -69,6 +78,11 @@ def read_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LIN
         return ""
     lines = data.decode("utf-8", errors="replace").splitlines()
     return "\n".join(lines[-max_lines:])
+
+
+def _collateral(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in COLLATERAL_MARKERS)
 
 
 def looks_like_oom(text: str) -> bool:
@@ -303,14 +317,21 @@ class NodeRun:
                 log_tail=tails[oom[0].rank],
             )
         if failed:
-            first = self._first_failure[1] if self._first_failure else failed[0].rank
-            worst = next(r for r in self.ranks if r.rank == first)
+            worst = self._culprit(failed, tails)
             return TrialResult(
                 status=TrialState.ERROR,
                 error=f"rank {worst.rank} {_describe_exit(worst.exit_code)}",
                 log_tail=tails[worst.rank],
             )
         return self._success(tails)
+
+    def _culprit(self, failed: list[_Rank], tails: dict[int, str]) -> _Rank:
+        """The rank that failed first for a reason of its own: ranks whose peer died fail
+        too, sometimes within the same poll, with a connection error."""
+        first = self._first_failure[1] if self._first_failure else failed[0].rank
+        ordered = sorted(failed, key=lambda r: r.rank != first)
+        causes = [r for r in ordered if not _collateral(tails[r.rank])]
+        return (causes or ordered)[0]
 
     def _success(self, tails: dict[int, str]) -> TrialResult:
         """Every rank exited 0: node 0 reports what rank 0 wrote."""

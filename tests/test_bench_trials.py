@@ -1,0 +1,96 @@
+"""Whole trials of the built-in trainer through its command line and the node agent:
+results, the memory wall, hung and failing ranks, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from bench_helpers import child_pids_alive, fault_command, tiny_spec
+
+from parsearch.agent import NodeRun, free_port
+from parsearch.bench import run_trial
+from parsearch.result import TrialResult, TrialState
+
+pytestmark = pytest.mark.multiprocess
+
+
+def node(spec, trial_dir, command=None) -> NodeRun:
+    return NodeRun(spec, 0, 1, "127.0.0.1", free_port(), trial_dir, command, grace_s=2.0)
+
+
+def test_command_line_runs_one_rank_without_a_launcher(tmp_path):
+    spec_path, out = tmp_path / "trial.json", tmp_path / "result.json"
+    spec_path.write_text(tiny_spec().to_json())
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "parsearch.bench", "--spec", str(spec_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=True,
+    )
+    written = json.loads(out.read_text())
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == written
+    result = TrialResult.from_dict(written)
+    assert result.ok and result.metrics["world_size"] == 1
+    assert result.metrics["peak_mem_source"] == "MemTracker"
+
+
+def test_run_trial_reports_every_figure(tmp_path):
+    result = run_trial(tiny_spec(1, 1, 2, zero_stage=3), tmp_path)
+    assert result.ok, result.error
+    m = result.metrics
+    for key in (
+        "step_time_s",
+        "step_time_spread_s",
+        "tokens_per_s",
+        "tflops_per_device",
+        "mfu",
+        "peak_mem_bytes",
+        "peak_mem_bytes_per_rank",
+        "peak_rss_bytes",
+        "losses",
+        "warmup_steps",
+        "steps",
+        "world_size",
+        "layout",
+    ):
+        assert m[key] is not None, key
+    assert m["layout"]["zero_stage"] == 3 and m["device"] == "cpu"
+    assert sorted(p.name for p in tmp_path.glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    assert result.hosts and result.duration_s > 0
+
+
+def test_memory_cap_below_the_need_is_oom(tmp_path):
+    spec = tiny_spec(1, 1, 2, trainer={"memory_cap_bytes": 1_000_000})
+    run = node(spec, tmp_path).start()
+    result = run.wait()
+    assert result.status is TrialState.OOM
+    assert result.metrics["peak_mem_bytes"] > 1_000_000
+    assert len(result.metrics["losses"]) == spec.trainer["warmup_steps"]
+    assert "exceeds the cap" in result.error
+    assert child_pids_alive(run.pids) == []
+
+
+def test_hung_rank_is_killed_by_the_timeout(tmp_path):
+    spec = tiny_spec(1, 1, 2, timeout_s=30)
+    run = node(spec, tmp_path, fault_command("hang", 1, tmp_path)).start()
+    result = run.wait()
+    assert result.status is TrialState.TIMEOUT
+    assert 30 <= result.duration_s < 60
+    assert child_pids_alive(run.pids) == []
+
+
+def test_exception_in_one_rank_is_an_error_with_its_traceback(tmp_path):
+    spec = tiny_spec(1, 1, 2)
+    run = node(spec, tmp_path, fault_command("raise", 1, tmp_path)).start()
+    result = run.wait()
+    assert result.status is TrialState.ERROR
+    assert result.error == "rank 1 exited with code 1"
+    assert "Traceback" in result.log_tail
+    assert "RuntimeError: injected failure in rank 1" in result.log_tail
+    assert child_pids_alive(run.pids) == []
