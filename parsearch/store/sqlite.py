@@ -582,14 +582,28 @@ class SQLiteStore:
         Trials without a measured peak memory are left out. Ordered by memory; trials with
         identical figures are all kept, since neither dominates the other.
         """
+        measured = (
+            "FROM trials WHERE campaign_id = ? AND state = ? "
+            "AND objective IS NOT NULL AND peak_mem_bytes IS NOT NULL"
+        )
+        ok = (campaign_id, TrialState.OK.value)
         with self._transaction(f"the Pareto front of campaign {campaign_id}", write=False) as c:
+            # The front's two ends, one index seek each: the fastest trial (least memory among
+            # equals) and the leanest (fastest among equals). Every other front trial lies in
+            # the box between them, so the sweep below reads only that box.
+            most_mem, least_objective = c.execute(
+                f"SELECT (SELECT peak_mem_bytes {measured} "
+                "ORDER BY objective DESC, peak_mem_bytes LIMIT 1), "
+                f"(SELECT objective {measured} ORDER BY peak_mem_bytes, objective DESC LIMIT 1)",
+                ok + ok,
+            ).fetchone()
             # One sweep up the trials_by_memory index: a trial is on the front if it beats
             # every trial using less memory and ties the best using the same memory.
             points = c.execute(
-                "SELECT id, peak_mem_bytes, objective FROM trials WHERE campaign_id = ? "
-                "AND state = ? AND objective IS NOT NULL AND peak_mem_bytes IS NOT NULL "
+                f"SELECT id, peak_mem_bytes, objective {measured} "
+                "AND peak_mem_bytes <= ? AND objective >= ? "
                 "ORDER BY peak_mem_bytes, objective DESC",
-                (campaign_id, TrialState.OK.value),
+                (*ok, most_mem, least_objective),
             ).fetchall()
             front: list[int] = []
             best_below = -math.inf
