@@ -7,6 +7,7 @@ so no caller ever parses store text.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Iterable, Sequence
@@ -81,39 +82,24 @@ class TrialRecord:
         return ParallelLayout.from_dict(self.config)
 
 
-# SQL column lists in the dataclasses' field order, so a row maps onto a record by position.
-CAMPAIGN_COLUMNS = (
-    "id, name, space, space_path, seed, budget, backend, settings, versions, "
-    "objective_metric, created_at, finished_at, status"
-)
-TRIAL_COLUMNS = (
-    "id, campaign_id, number, key, config, state, attempt, origin, created_at, started_at, "
-    "finished_at, duration_s, hosts, metrics, objective, tokens_per_s, peak_mem_bytes, "
-    "predicted, error, log_tail"
-)
+# The tables' columns carry the records' field names, so each SELECT list is derived from
+# its dataclass and a row maps onto a record by position.
+_CAMPAIGN_FIELDS = [field.name for field in dataclasses.fields(Campaign)]
+CAMPAIGN_COLUMNS = ", ".join(_CAMPAIGN_FIELDS)
+_TRIAL_FIELDS = [field.name for field in dataclasses.fields(TrialRecord)]
+TRIAL_COLUMNS = ", ".join(_TRIAL_FIELDS)
+_TRIAL_JSON = [_TRIAL_FIELDS.index(name) for name in ("config", "hosts", "metrics", "predicted")]
+_TRIAL_STATE = _TRIAL_FIELDS.index("state")
+_STATES = {state.value: state for state in TrialState}
 
 
 def campaign_from_row(row: Sequence[Any]) -> Campaign:
-    (id_, name, space, space_path, seed, budget, backend, settings, versions) = row[:9]
-    objective_metric, created_at, finished_at, status = row[9:]
-    return Campaign(
-        id=id_,
-        name=name,
-        space=json.loads(space),
-        space_path=space_path,
-        seed=seed,
-        budget=budget,
-        backend=backend,
-        settings=json.loads(settings),
-        versions=json.loads(versions),
-        objective_metric=objective_metric,
-        created_at=created_at,
-        finished_at=finished_at,
-        status=CampaignStatus(status),
-    )
-
-
-_STATES = {state.value: state for state in TrialState}
+    """A record from a row selected as :data:`CAMPAIGN_COLUMNS`."""
+    values = dict(zip(_CAMPAIGN_FIELDS, row, strict=True))
+    for name in ("space", "settings", "versions"):
+        values[name] = json.loads(values[name])
+    values["status"] = CampaignStatus(values["status"])
+    return Campaign(**values)
 
 
 def decode_json_column(texts: Iterable[str | None]) -> list[Any]:
@@ -127,36 +113,15 @@ def decode_json_column(texts: Iterable[str | None]) -> list[Any]:
 
 def trials_from_rows(rows: Sequence[Sequence[Any]]) -> list[TrialRecord]:
     """Records from rows selected as :data:`TRIAL_COLUMNS`."""
-    configs, hosts, metrics, predicted = (
-        decode_json_column(row[i] for row in rows) for i in (4, 12, 13, 17)
-    )
-    return [
-        TrialRecord(
-            id=row[0],
-            campaign_id=row[1],
-            number=row[2],
-            key=row[3],
-            config=config,
-            state=_STATES[row[5]],
-            attempt=row[6],
-            origin=row[7],
-            created_at=row[8],
-            started_at=row[9],
-            finished_at=row[10],
-            duration_s=row[11],
-            hosts=trial_hosts,
-            metrics=trial_metrics,
-            objective=row[14],
-            tokens_per_s=row[15],
-            peak_mem_bytes=row[16],
-            predicted=trial_predicted,
-            error=row[18],
-            log_tail=row[19],
-        )
-        for row, config, trial_hosts, trial_metrics, trial_predicted in zip(
-            rows, configs, hosts, metrics, predicted, strict=True
-        )
-    ]
+    decoded = [decode_json_column(row[i] for row in rows) for i in _TRIAL_JSON]
+    records = []
+    for row, *json_values in zip(rows, *decoded, strict=True):
+        values = list(row)
+        for i, value in zip(_TRIAL_JSON, json_values, strict=True):
+            values[i] = value
+        values[_TRIAL_STATE] = _STATES[values[_TRIAL_STATE]]
+        records.append(TrialRecord(*values))
+    return records
 
 
 def to_json(value: Any, what: str) -> str:
