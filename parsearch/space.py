@@ -29,6 +29,7 @@ from parsearch.config import (
 )
 from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
+from parsearch.estimate.memory import FRAMEWORKS
 from parsearch.units import format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
@@ -80,6 +81,7 @@ _ESTIMATE_KEYS = (
     "gemm_half_efficiency_elements",
     "dp_overlap",
     "collective_latency_s",
+    "framework",
 )
 TRAINER_KINDS = ("builtin", "command")
 _BUILTIN_TRAINER_KEYS = (
@@ -533,6 +535,10 @@ class _Reader:
             elif key in ("flash_attention", "dropout"):
                 if not isinstance(item, bool):
                     raise self.error(where, f"must be true or false, got {item!r}")
+                kwargs[key] = item
+            elif key == "framework":
+                if item not in FRAMEWORKS:
+                    raise self.error(where, f"must be one of {list(FRAMEWORKS)}, got {item!r}")
                 kwargs[key] = item
             elif key == "runtime_overhead":
                 kwargs["runtime_overhead_bytes"] = self.size(item, where)
