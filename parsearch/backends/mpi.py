@@ -1,0 +1,475 @@
+"""``mpi``: one mpi4py rank per node of the allocation; rank 0 drives, the others work.
+
+Every rank runs the same command, so a job script needs one line::
+
+    srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 parsearch run SPACE --store X.db \
+        --backend mpi
+    mpiexec -disable-auto-cleanup -ppn 1 -n NODES parsearch run SPACE --store X.db --backend mpi
+
+:func:`serve_if_worker` turns ranks >= 1 into workers before the store is opened (only rank
+0 touches it); :func:`create` makes rank 0's backend.
+
+* **Nodes.** Each worker rank is one node: it runs its node's share of one trial at a time
+  (:mod:`parsearch.backends.node`; the ranks start through the node agent, and die with the
+  worker). Rank 0 also works its own node when no other rank shares its host (one rank per
+  node, as above: node 0 is not wasted), and only drives when one does (``mpiexec -n 3`` on
+  one machine: a driver and two "nodes"); ``driver_worker=yes|no`` overrides.
+* **Trials.** A trial of k nodes (``spec.nodes``) goes to the k free nodes of lowest rank,
+  so nodes are packed and every free one is used as soon as a trial fits. Node 0's worker
+  picks a free port on its host and reports it; the driver then orders the other nodes,
+  with ``MASTER_ADDR`` = node 0's host name, so concurrent trials never share a port. The
+  trial ends when every node has reported, or as soon as one fails (the others are
+  cancelled); :func:`parsearch.trainers.merge_results` makes one result of the nodes'.
+* **Lost nodes.** Workers send a heartbeat every ``heartbeat`` seconds. One silent for
+  ``lost_after`` seconds is lost: its trial ends as ``error`` ("node lost"), the trial's
+  other nodes are cancelled, it gets no more trials, and the campaign goes on with the
+  others (with fewer slots; with too few nodes left for a trial, the driver stops).
+* **No spinning.** Nobody blocks in MPI (see :mod:`parsearch.backends.mpi_worker`); the
+  driver waits for results with ``improbe`` and short sleeps.
+* **Exit.** :meth:`MPIBackend.close` tells the workers to exit and waits for their
+  goodbye; rank 0 also does so at exit if no backend did (the store could not be opened,
+  say), and workers exit by themselves after ``driver_timeout`` seconds without a word
+  from the driver (it was killed), so the job always ends.
+
+MPICH's ``mpiexec`` (hydra) takes the whole job down when one rank dies unless given
+``-disable-auto-cleanup``; it then tells every other rank with SIGUSR1. Slurm's warning
+before the time limit is SIGUSR1 too, and asks the driver to drain; so the driver holds a
+SIGUSR1 back until it knows which it was: a stop request (passed on) when every worker
+answers, hydra's notice when one stays silent (that worker is lost at once). Workers ignore
+SIGUSR1, SIGINT and SIGTERM and let the driver drain. With hydra on a single host, all
+ranks share one proxy, which SIGKILLs all of them when one is killed by a signal; give each
+rank its own proxy (``-launcher fork -hosts n0,n1,... -ppn 1``) to rehearse node losses.
+
+Options (``--backend-opt key=value``):
+
+* ``workdir``: trial directories under ``workdir/<trial id>/`` on each node (default: a
+  temporary directory per node, removed at the end; the store keeps each log's tail);
+* ``grace``: seconds a trial's other ranks get after one failed (default 3);
+* ``driver_worker``: ``auto`` (default), ``yes`` or ``no``: whether rank 0 runs trials;
+* ``heartbeat``: seconds between a worker's heartbeats (default 1);
+* ``lost_after``: seconds of silence after which a worker is lost (default 30);
+* ``driver_timeout``: seconds of silence from the driver after which workers exit
+  (default 300).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parsearch.backends import Finished, check_options
+from parsearch.backends.mpi_worker import (
+    BYE,
+    BYE_WAIT_S,
+    CANCEL,
+    DONE,
+    EXIT,
+    HELLO,
+    PING,
+    POLL_S,
+    RUN,
+    STARTED,
+    WELCOME,
+    Mailbox,
+    WorkerSettings,
+    serve,
+    world,
+)
+from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
+from parsearch.errors import BackendError
+from parsearch.result import TrialResult, TrialState
+from parsearch.space import SearchSpace
+from parsearch.trainers import merge_results
+from parsearch.trial import TrialSpec
+
+OPTIONS = ("workdir", "grace", "driver_worker", "heartbeat", "lost_after", "driver_timeout")
+HELLO_TIMEOUT_S = 60.0
+
+_released = False  # rank 0 told the workers to exit (they serve one backend per job)
+
+
+@dataclass(frozen=True)
+class MPISettings:
+    """The backend's options, validated."""
+
+    workdir: Path | None = None
+    grace_s: float = 3.0
+    driver_worker: str = "auto"
+    heartbeat_s: float = 1.0
+    lost_after_s: float = 30.0
+    driver_timeout_s: float = 300.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> MPISettings:
+        check_options("mpi", options, OPTIONS)
+        driver_worker = options.get("driver_worker", "auto")
+        if driver_worker not in ("auto", "yes", "no"):
+            raise BackendError(
+                f"mpi option driver_worker must be auto, yes or no, got {driver_worker!r}"
+            )
+        workdir = (
+            Path(options["workdir"]).expanduser().resolve() if options.get("workdir") else None
+        )
+        settings = cls(
+            workdir=workdir,
+            grace_s=_seconds(options, "grace", 3.0),
+            driver_worker=driver_worker,
+            heartbeat_s=_seconds(options, "heartbeat", 1.0),
+            lost_after_s=_seconds(options, "lost_after", 30.0),
+            driver_timeout_s=_seconds(options, "driver_timeout", 300.0),
+        )
+        if settings.lost_after_s < 3 * settings.heartbeat_s:
+            raise BackendError(
+                f"mpi option lost_after ({settings.lost_after_s:g} s) must be at least three "
+                f"heartbeats ({3 * settings.heartbeat_s:g} s)"
+            )
+        return settings
+
+
+def _seconds(options: Mapping[str, str], key: str, default: float) -> float:
+    text = options.get(key)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        raise BackendError(f"mpi option {key} must be a positive number of seconds, got {text!r}")
+    return value
+
+
+@dataclass
+class _Node:
+    """A node of the job as the driver sees it."""
+
+    rank: int
+    host: str
+    pid: int
+    heard: float
+    trial: str | None = None
+    lost: str | None = None
+    lost_at: float = -math.inf
+
+
+@dataclass
+class _Trial:
+    spec: TrialSpec
+    ranks: list[int]  # the worker rank of each node
+    ordered: set[int] = field(default_factory=set)
+    results: dict[int, TrialResult] = field(default_factory=dict)
+
+
+class MPIBackend:
+    """Rank 0's side: hands trials to groups of free worker nodes and collects results."""
+
+    name = "mpi"
+
+    def __init__(self, space: SearchSpace, comm: Any, settings: MPISettings, slots: int | None):
+        self.space = space
+        self.settings = settings
+        self._comm = comm
+        self._slots = slots
+        self._box = Mailbox(comm)
+        self._nodes = self._greet()
+        self._local: NodeSlot | None = None
+        if self._driver_works():
+            self._nodes[0] = _Node(0, socket.gethostname(), os.getpid(), math.inf)
+            self._local = NodeSlot(settings.workdir, settings.grace_s)
+        self._nodes_per_trial = space.allocation.nodes
+        if len(self._nodes) < self._nodes_per_trial:
+            raise BackendError(
+                f"the trials of {space.source} need {self._nodes_per_trial} nodes, but this MPI "
+                f"job has {len(self._nodes)} working ranks (ranks "
+                f"{', '.join(map(str, sorted(self._nodes)))}): start one rank per node on at "
+                f"least {self._nodes_per_trial} nodes"
+            )
+        welcome = WorkerSettings(
+            workdir=str(settings.workdir) if settings.workdir else None,
+            grace_s=settings.grace_s,
+            heartbeat_s=settings.heartbeat_s,
+            driver_timeout_s=settings.driver_timeout_s,
+        )
+        for rank in self._remote():
+            self._box.send(rank, WELCOME, welcome)
+        self._trials: dict[str, _Trial] = {}
+        self._done: list[Finished] = []
+        self._pinged = time.monotonic()
+        self._closed = False
+        self._usr1: list[float] = []
+        self._usr1_previous: Any = None
+        self._confirm_s = min(settings.lost_after_s, max(5 * settings.heartbeat_s, 5.0))
+        if threading.current_thread() is threading.main_thread():
+            self._usr1_previous = signal.signal(signal.SIGUSR1, self._on_usr1)
+
+    def _greet(self) -> dict[int, _Node]:
+        """Every worker's hello: its host and pid."""
+        nodes: dict[int, _Node] = {}
+        missing = set(range(1, self._comm.Get_size()))
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while missing and time.monotonic() < deadline:
+            for source, kind, payload in self._box.receive():
+                if kind == HELLO:
+                    nodes[source] = _Node(source, payload[0], payload[1], time.monotonic())
+                    missing.discard(source)
+            time.sleep(POLL_S)
+        if missing:
+            raise BackendError(
+                f"MPI ranks {sorted(missing)} did not report within {HELLO_TIMEOUT_S:g} s; do "
+                f"all ranks run `parsearch ... --backend mpi`?"
+            )
+        return nodes
+
+    def _driver_works(self) -> bool:
+        if self.settings.driver_worker != "auto":
+            return self.settings.driver_worker == "yes"
+        host = socket.gethostname()
+        return all(node.host != host for node in self._nodes.values())
+
+    def _remote(self) -> list[int]:
+        """Worker ranks not lost."""
+        return [rank for rank, node in sorted(self._nodes.items()) if rank and not node.lost]
+
+    def _free(self) -> list[int]:
+        return [r for r, n in sorted(self._nodes.items()) if not n.lost and n.trial is None]
+
+    @property
+    def capacity(self) -> int:
+        live = sum(1 for node in self._nodes.values() if not node.lost)
+        room = live // self._nodes_per_trial
+        return min(room, self._slots) if self._slots else room
+
+    def free_slots(self) -> int:
+        room = len(self._free()) // self._nodes_per_trial
+        if self._slots:
+            room = min(room, self._slots - len(self._trials))
+        return max(0, room)
+
+    def free_nodes(self) -> int:
+        """Nodes without a trial (for callers that mix trials of several sizes)."""
+        return len(self._free())
+
+    def submit(self, spec: TrialSpec) -> list[str]:
+        free = self._free()
+        if len(free) < spec.nodes or (self._slots and len(self._trials) >= self._slots):
+            raise BackendError(
+                f"mpi backend: {len(free)} free nodes, {len(self._trials)} trials running; "
+                f"trial {spec.trial_id} needs {spec.nodes}"
+            )
+        trial = _Trial(spec, free[: spec.nodes])
+        self._trials[spec.trial_id] = trial
+        for rank in trial.ranks:
+            self._nodes[rank].trial = spec.trial_id
+        self._order(trial, 0, None)
+        return [self._nodes[rank].host for rank in trial.ranks]
+
+    def _order(self, trial: _Trial, node: int, port: int | None) -> None:
+        rank = trial.ranks[node]
+        order = NodeOrder(
+            trial.spec.to_dict(), node, len(trial.ranks), self._nodes[trial.ranks[0]].host, port
+        )
+        trial.ordered.add(node)
+        if rank == 0:
+            assert self._local is not None
+            self._on_started(0, self._local.start(order))
+        else:
+            self._box.send(rank, RUN, order)
+
+    def poll(self, timeout_s: float) -> list[Finished]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._pump()
+            if self._done or not self._trials or time.monotonic() >= deadline:
+                done, self._done = self._done, []
+                return done
+            time.sleep(POLL_S)
+
+    def _pump(self) -> None:
+        """Handle whatever arrived; notice lost nodes; tell the workers we live."""
+        for source, kind, payload in self._box.receive():
+            node = self._nodes.get(source)
+            if node is None or node.lost:
+                continue
+            node.heard = time.monotonic()
+            if kind == STARTED:
+                self._on_started(source, payload)
+            elif kind == DONE:
+                self._on_done(source, payload)
+        if self._local is not None and (done := self._local.poll()) is not None:
+            self._on_done(0, done)
+        for rank in self._box.flush():
+            if not self._nodes[rank].lost:
+                self._lose(self._nodes[rank], "an MPI message to it failed")
+        now = time.monotonic()
+        self._judge_usr1(now)
+        for rank in self._remote():
+            node = self._nodes[rank]
+            if now - node.heard > self.settings.lost_after_s:
+                self._lose(node, f"it sent nothing for {now - node.heard:.0f} s")
+        if now - self._pinged >= self.settings.heartbeat_s:
+            for rank in self._remote():
+                self._box.send(rank, PING)
+            self._pinged = now
+
+    def _on_started(self, rank: int, started: NodeStarted) -> None:
+        trial = self._trials.get(started.trial_id)
+        if trial is None or trial.ranks[started.node] != rank:
+            return  # cancelled meanwhile
+        if started.node == 0 and started.error is None:
+            for node in range(1, len(trial.ranks)):
+                self._order(trial, node, started.port)
+
+    def _on_done(self, rank: int, done: NodeDone) -> None:
+        trial = self._trials.get(done.trial_id)
+        if trial is None or trial.ranks[done.node] != rank:
+            return
+        trial.results[done.node] = done.result
+        failed = not done.result.ok and done.result.status is not TrialState.INTERRUPTED
+        if failed or len(trial.results) == len(trial.ranks):
+            result = merge_results(trial.spec, [trial.results[n] for n in sorted(trial.results)])
+            if result.ok:
+                result.hosts = [self._nodes[r].host for r in trial.ranks]
+            self._finish(trial, result)
+
+    def _finish(self, trial: _Trial, result: TrialResult) -> None:
+        self._release(trial)
+        self._done.append(Finished(trial.spec.trial_id, result))
+
+    def _release(self, trial: _Trial) -> None:
+        """Free the trial's nodes, cancelling the ones still running it."""
+        del self._trials[trial.spec.trial_id]
+        for node, rank in enumerate(trial.ranks):
+            worker = self._nodes[rank]
+            worker.trial = None
+            if node in trial.ordered and node not in trial.results and not worker.lost:
+                if rank == 0:
+                    assert self._local is not None
+                    self._local.cancel(trial.spec.trial_id)
+                else:
+                    self._box.send(rank, CANCEL, trial.spec.trial_id)
+
+    def _lose(self, node: _Node, why: str) -> None:
+        node.lost = f"worker rank {node.rank} on {node.host} (pid {node.pid}) lost: {why}"
+        node.lost_at = time.monotonic()
+        print(f"parsearch mpi: {node.lost}; {len(self._remote())} workers left", file=sys.stderr)
+        trial = self._trials.get(node.trial) if node.trial else None
+        if trial is not None:
+            error = f"node lost: {node.lost}"
+            self._finish(trial, TrialResult(TrialState.ERROR, error=error, hosts=[node.host]))
+
+    def _on_usr1(self, signum: int, frame: Any) -> None:
+        self._usr1.append(time.monotonic())
+
+    def _judge_usr1(self, now: float) -> None:
+        """Take a SIGUSR1 for hydra's notice of a dead rank when a worker is lost around it
+        (or stays silent after it: then it is lost now); pass it on as a stop request once
+        every worker has spoken since it came."""
+        for received in list(self._usr1):
+            window = (received - self._confirm_s, received + self._confirm_s)
+            silent = [self._nodes[r] for r in self._remote() if self._nodes[r].heard < received]
+            if any(window[0] <= node.lost_at <= window[1] for node in self._nodes.values()):
+                self._usr1.remove(received)
+            elif not silent:
+                self._usr1.remove(received)
+                if callable(self._usr1_previous):
+                    self._usr1_previous(signal.SIGUSR1, None)
+            elif now - received >= self._confirm_s:
+                self._usr1.remove(received)
+                for node in silent:
+                    self._lose(node, "mpiexec reported a dead rank and it fell silent")
+
+    def cancel(self, trial_id: str) -> None:
+        trial = self._trials.get(trial_id)
+        if trial is not None:
+            self._release(trial)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for trial in list(self._trials.values()):
+            self._release(trial)
+        if self._local is not None:
+            self._local.close()
+        release_workers(self._box, self._remote())
+        if self._usr1_previous is not None:
+            signal.signal(signal.SIGUSR1, self._usr1_previous)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "slots": self._slots,
+            "nodes_per_trial": self._nodes_per_trial,
+            "workers": [
+                {"rank": rank, "host": node.host, "pid": node.pid}
+                for rank, node in sorted(self._nodes.items())
+            ],
+            "driver_worker": self._local is not None,
+            "workdir": str(self.settings.workdir) if self.settings.workdir else None,
+            "grace_s": self.settings.grace_s,
+            "heartbeat_s": self.settings.heartbeat_s,
+            "lost_after_s": self.settings.lost_after_s,
+            "lost": [node.lost for node in self._nodes.values() if node.lost],
+        }
+
+
+def release_workers(box: Mailbox, ranks: list[int]) -> None:
+    """Tell ``ranks`` to exit and wait (a little) for their goodbyes, so none is left
+    waiting and ``mpiexec`` ends."""
+    global _released
+    _released = True
+    for rank in ranks:
+        box.send(rank, EXIT)
+    waiting = set(ranks)
+    deadline = time.monotonic() + BYE_WAIT_S
+    while waiting and time.monotonic() < deadline:
+        for source, kind, _ in box.receive():
+            if kind == BYE:
+                waiting.discard(source)
+        waiting.difference_update(box.flush())
+        time.sleep(POLL_S)
+
+
+def _release_at_exit(comm: Any) -> None:
+    if not _released:
+        release_workers(Mailbox(comm), list(range(1, comm.Get_size())))
+
+
+def serve_if_worker() -> bool:
+    """On ranks >= 1: serve as a worker until the driver is done, then ``True``. On rank 0:
+    ``False``, after making sure the workers are released at exit even if no backend is
+    ever made, and that hydra's SIGUSR1 outside a campaign does not kill the driver."""
+    comm = world()
+    if comm.Get_rank() != 0:
+        serve(comm)
+        return True
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    atexit.register(_release_at_exit, comm)
+    return False
+
+
+def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str]) -> MPIBackend:
+    """Rank 0's backend over the job's workers; one per job (they exit when it closes)."""
+    settings = MPISettings.from_options(options)
+    comm = world()
+    if comm.Get_rank() != 0:
+        raise BackendError("the mpi backend is made on rank 0; call serve_if_worker() first")
+    if _released:
+        raise BackendError("this MPI job's workers have exited; start a new job")
+    if settings.workdir is not None:
+        try:
+            settings.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BackendError(
+                f"mpi option workdir: cannot create {settings.workdir}: {error}"
+            ) from None
+    return MPIBackend(space, comm, settings, slots)

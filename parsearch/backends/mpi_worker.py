@@ -1,0 +1,176 @@
+"""The MPI plumbing both sides share, and the worker ranks' loop.
+
+Every message is a ``(kind, payload)`` pair on one tag, sent with ``isend`` and received
+after ``improbe`` found it, so no rank ever blocks in MPI: MPICH's blocking receive
+busy-polls (about 65% of a core per idle rank, measured here), which would steal CPU from
+the very trials being timed. Ranks sleep :data:`POLL_S` between looks instead.
+
+Workers ignore SIGINT, SIGTERM and SIGUSR1: ``mpiexec`` and ``srun`` pass those to every
+rank, and it is the driver's job to drain (let running trials finish, then tell the
+workers to exit). A worker exits when the driver says so, or when it has heard nothing
+from the driver for ``driver_timeout`` seconds (the driver was killed), so the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parsearch.backends.node import NodeSlot
+
+TAG = 0x7073
+POLL_S = 0.01
+BYE_WAIT_S = 5.0
+
+# driver -> worker
+WELCOME = "welcome"  # WorkerSettings
+RUN = "run"  # parsearch.backends.node.NodeOrder
+CANCEL = "cancel"  # trial id
+PING = "ping"  # None: the driver is alive
+EXIT = "exit"  # None
+# worker -> driver
+HELLO = "hello"  # (host, pid)
+STARTED = "started"  # parsearch.backends.node.NodeStarted
+DONE = "done"  # parsearch.backends.node.NodeDone
+BEAT = "beat"  # None: the worker is alive
+BYE = "bye"  # None: the worker is leaving
+
+# What marks a process as a member of this MPI job. A trial's ranks must not inherit it:
+# a trainer that is itself an MPI program (or reads OMPI_COMM_WORLD_RANK, as DeepSpeed
+# does) would otherwise attach to the campaign's job instead of starting its own.
+JOB_VARIABLES = ("PMI_", "PMIX_", "HYDI_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the driver tells its workers once it has read its options."""
+
+    workdir: str | None = None
+    grace_s: float = 3.0
+    heartbeat_s: float = 1.0
+    driver_timeout_s: float = 300.0
+
+
+def world() -> Any:
+    """``MPI.COMM_WORLD``; the first call imports mpi4py, which starts MPI.
+
+    MPICH's ``MPI_Finalize`` is collective by default: after a worker died, every other
+    rank would wait at exit for it forever. ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE`` makes it
+    local; the driver and its workers say goodbye to each other before they exit instead.
+    """
+    os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    from mpi4py import MPI
+
+    for name in [name for name in os.environ if name.startswith(JOB_VARIABLES)]:
+        del os.environ[name]
+    return MPI.COMM_WORLD
+
+
+class Mailbox:
+    """Non-blocking messages on ``comm``: sends complete in the background (a result with a
+    long log tail goes by rendezvous, so only when the peer receives it)."""
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self._pending: list[tuple[int, Any]] = []
+
+    def send(self, dest: int, kind: str, payload: Any = None) -> None:
+        self._pending.append((dest, self.comm.isend((kind, payload), dest=dest, tag=TAG)))
+
+    def flush(self) -> list[int]:
+        """Progress pending sends; return the ranks a send failed to (gone)."""
+        from mpi4py import MPI
+
+        failed, pending = [], []
+        for dest, request in self._pending:
+            try:
+                if not request.Test():
+                    pending.append((dest, request))
+            except MPI.Exception:
+                failed.append(dest)
+        self._pending = pending
+        return failed
+
+    @property
+    def idle(self) -> bool:
+        """No send is still pending."""
+        return not self._pending
+
+    def receive(self) -> Iterator[tuple[int, str, Any]]:
+        """``(source, kind, payload)`` for every message that has arrived, without waiting."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while message := self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG, status=status):
+            kind, payload = message.recv()
+            yield status.Get_source(), kind, payload
+
+
+def serve(comm: Any) -> None:
+    """Be a worker: run the driver's orders on this node until told to exit."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    worker = _Worker(comm)
+    try:
+        if worker.serve():
+            worker.say_bye()
+    finally:
+        if worker.slot is not None:
+            worker.slot.close()
+
+
+class _Worker:
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self.box = Mailbox(comm)
+        self.settings = WorkerSettings()
+        self.slot: NodeSlot | None = None  # made when the driver's welcome arrives
+        self.box.send(0, HELLO, (socket.gethostname(), os.getpid()))
+
+    def serve(self) -> bool:
+        """The loop; ``True`` when the driver said exit, ``False`` when it fell silent."""
+        heard = beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            for _, kind, payload in self.box.receive():
+                heard = now
+                if kind == EXIT:
+                    return True
+                self.handle(kind, payload)
+            if self.slot is not None and (done := self.slot.poll()) is not None:
+                self.box.send(0, DONE, done)
+            if now - beat >= self.settings.heartbeat_s:
+                self.box.send(0, BEAT)
+                beat = now
+            if self.box.flush() or now - heard > self.settings.driver_timeout_s:
+                print(
+                    f"parsearch mpi worker {self.comm.Get_rank()}: the driver is gone "
+                    f"(silent for {now - heard:.0f} s); exiting",
+                    file=sys.stderr,
+                )
+                return False
+            time.sleep(POLL_S)
+
+    def handle(self, kind: str, payload: Any) -> None:
+        if kind == WELCOME:
+            self.settings = payload
+            workdir = Path(payload.workdir) if payload.workdir else None
+            self.slot = NodeSlot(workdir, payload.grace_s)
+        elif kind == RUN and self.slot is not None:
+            self.box.send(0, STARTED, self.slot.start(payload))
+        elif kind == CANCEL and self.slot is not None:
+            self.slot.cancel(payload)
+
+    def say_bye(self) -> None:
+        """Tell the driver we leave, and give the message time to go before MPI ends."""
+        self.box.send(0, BYE)
+        deadline = time.monotonic() + BYE_WAIT_S
+        while not self.box.flush() and not self.box.idle and time.monotonic() < deadline:
+            time.sleep(POLL_S)

@@ -1,0 +1,218 @@
+"""The mpi backend for real: ``mpiexec`` from the virtual environment, mpi4py workers, and
+built-in-trainer trials written end to end into a store (as deephyper's MPI tests do, each
+test launches a program under ``mpiexec`` with a timeout).
+
+Hydra runs every rank of one host under one proxy, and that proxy SIGKILLs all of them when
+one dies by a signal; the tests that kill a rank give each rank its own proxy (``-launcher
+fork -hosts n0,n1,...``), as on a real cluster with one rank per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+SCRIPT = Path(__file__).with_name("mpi_scripts") / "driver.py"
+SPACE = """
+name: mpi-test
+model: {num_layers: 2, hidden_size: 64, num_heads: 4, vocab_size: 128, seq_length: 32}
+allocation: {nodes: NODES, devices_per_node: 1, device: cpu, device_memory: 1GiB,
+             peak_tflops: 0.05}
+search: {tp: [1], pp: [1], mbs: [1, 2, 4, 8], recompute: [none, full]}
+global_batch: 8
+trainer: {kind: builtin, steps: 2, warmup_steps: 1, timeout: 120}
+"""
+
+if not MPIEXEC.exists():
+    pytest.skip("no mpiexec next to the interpreter", allow_module_level=True)
+
+
+def own_proxies(n: int) -> list[str]:
+    """mpiexec options giving each of ``n`` ranks its own hydra proxy, as separate nodes."""
+    hosts = ",".join(f"n{i}" for i in range(n))
+    return ["-disable-auto-cleanup", "-launcher", "fork", "-hosts", hosts, "-ppn", "1"]
+
+
+def launch(n: int, args: list[str], cwd: Path, options: Sequence[str] = ()) -> subprocess.Popen:
+    """Start ``args`` on ``n`` ranks (in a session of its own, to kill it all on timeout)."""
+    return subprocess.Popen(
+        [str(MPIEXEC), *options, "-n", str(n), *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for a launch; one that outlives ``timeout`` is killed and fails the test."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"mpiexec did not end within {timeout} s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+def mpiexec(
+    n: int, args: list[str], cwd: Path, timeout: float, options: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    return finish(launch(n, args, cwd, options), timeout)
+
+
+def run_campaign(tmp_path: Path, n: int, nodes: int, budget: int, *opts: str, **kw):
+    (tmp_path / "space.yaml").write_text(SPACE.replace("NODES", str(nodes)))
+    args = [str(BIN / "parsearch"), "run", "space.yaml", "--store", "x.db", "--backend", "mpi"]
+    args += ["--budget", str(budget), "--backend-opt", f"workdir={tmp_path / 'work'}"]
+    for opt in opts:
+        args += ["--backend-opt", opt]
+    return mpiexec(n, args, tmp_path, **kw)
+
+
+def trials(db: Path) -> list[dict]:
+    with sqlite3.connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute("SELECT * FROM trials ORDER BY number").fetchall()
+    return [dict(row) for row in rows]
+
+
+def node_files(trial_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(trial_dir.glob("node*.json"))]
+
+
+def alive(pids: list[int]) -> list[int]:
+    left = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.append(pid)
+    return left
+
+
+def test_driver_and_two_nodes_run_a_campaign(tmp_path):
+    """``mpiexec -n 3``: rank 0 drives (it shares its host), ranks 1 and 2 are the nodes."""
+    done = run_campaign(tmp_path, 3, nodes=1, budget=4, timeout=240)
+    assert done.returncode == 0, done.stdout
+    assert "budget reached; 4/4 trials finished (ok 4)" in done.stdout
+    rows = trials(tmp_path / "x.db")
+    assert [row["state"] for row in rows] == ["ok"] * 4
+    assert all(row["tokens_per_s"] > 0 for row in rows)
+    workers = {node["pid"] for p in (tmp_path / "work").iterdir() for node in node_files(p)}
+    assert len(workers) == 2  # both nodes worked, the driver did not
+    ports = [node["port"] for p in (tmp_path / "work").iterdir() for node in node_files(p)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_driver_works_its_own_node_in_a_two_node_trial(tmp_path):
+    """One rank per node (forced here): rank 0 is node 0 of each trial, rank 1 node 1."""
+    done = run_campaign(tmp_path, 2, 2, 2, "driver_worker=yes", timeout=240)
+    assert done.returncode == 0, done.stdout
+    rows = trials(tmp_path / "x.db")
+    assert [row["state"] for row in rows] == ["ok", "ok"]
+    assert all(json.loads(row["hosts"]) == [os.uname().nodename] * 2 for row in rows)
+    for trial_dir in (tmp_path / "work").iterdir():
+        nodes = node_files(trial_dir)
+        assert [n["node"] for n in nodes] == [0, 1]
+        assert nodes[0]["port"] == nodes[1]["port"]  # one rendezvous
+        assert json.loads((trial_dir / "result.json").read_text())["metrics"]["world_size"] == 2
+
+
+def test_trials_of_one_two_and_four_nodes_pack_the_allocation(tmp_path):
+    done = mpiexec(5, [sys.executable, str(SCRIPT), "mixed", "x.db", "work"], tmp_path, 420)
+    assert done.returncode == 0, done.stdout
+    rows = trials(tmp_path / "x.db")
+    sizes = [json.loads(row["config"])["dp"] * json.loads(row["config"])["tp"] *
+             json.loads(row["config"])["pp"] for row in rows]  # fmt: skip
+    assert sizes == [2, 1, 1, 4, 1, 2, 1]
+    assert [row["state"] for row in rows] == ["ok"] * 7, [row["error"] for row in rows]
+    assert [len(json.loads(row["hosts"])) for row in rows] == sizes
+    nodes = {row["number"]: node_files(tmp_path / "work" / f"trial-{row['number']:05d}")
+             for row in rows}  # fmt: skip
+    # The first wave (2 + 1 + 1 nodes) used all four workers at once, and so did the last.
+    for wave in ([0, 1, 2], [3], [4, 5, 6]):
+        pids = [node["pid"] for number in wave for node in nodes[number]]
+        assert len(set(pids)) == 4
+        assert max(r["started_at"] for r in rows if r["number"] in wave) < min(
+            r["finished_at"] for r in rows if r["number"] in wave
+        )
+
+
+def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path):
+    work = tmp_path / "work"
+    first = work / "trial-00000" / "node0.json"
+    killed: dict = {}
+
+    def kill_first_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # mid-trial: its rank is importing torch
+        killed.update(json.loads(first.read_text()))
+        os.kill(killed["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    done = run_campaign(tmp_path, 3, 1, 4, "lost_after=10", timeout=300, options=own_proxies(3))
+    killer.join()
+    assert "budget reached; 4/4 trials finished (ok 3, error 1)" in done.stdout, done.stdout
+    rows = trials(tmp_path / "x.db")
+    assert rows[0]["state"] == "error"
+    assert rows[0]["error"].startswith(f"node lost: worker rank 1 on {os.uname().nodename}")
+    assert [row["state"] for row in rows[1:]] == ["ok"] * 3
+    assert alive(killed["pids"]) == []  # the trial's rank died with its worker
+
+
+def test_workers_exit_when_the_driver_vanishes(tmp_path):
+    began = time.monotonic()
+    done = mpiexec(
+        3, [sys.executable, str(SCRIPT), "vanish", "x.db", str(tmp_path)], tmp_path, 60,
+        options=own_proxies(3),
+    )  # fmt: skip
+    assert time.monotonic() - began < 30
+    assert done.stdout.count("the driver is gone") == 2, done.stdout
+
+
+def test_workers_are_released_when_the_driver_fails_early(tmp_path):
+    """The space file does not exist: rank 0 fails before making a backend."""
+    args = [str(BIN / "parsearch"), "run", "missing.yaml", "--store", "x.db", "--backend", "mpi"]
+    done = mpiexec(3, args, tmp_path, 60)
+    assert done.returncode != 0
+    assert "missing.yaml" in done.stdout
+
+
+def test_an_idle_worker_does_not_spin(tmp_path):
+    """MPICH's blocking receive would use ~65% of a core here; the worker's wait, ~0."""
+    proc = launch(2, [sys.executable, str(SCRIPT), "idle", "x.db", str(tmp_path)], tmp_path)
+    pids_file = tmp_path / "workers.json"
+    deadline = time.monotonic() + 60
+    while not pids_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (pid,) = json.loads(pids_file.read_text())
+    before, began = cpu_seconds(pid), time.monotonic()
+    time.sleep(2.0)
+    share = (cpu_seconds(pid) - before) / (time.monotonic() - began)
+    done = finish(proc, 60)
+    assert done.returncode == 0, done.stdout
+    assert share < 0.05
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
