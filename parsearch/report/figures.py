@@ -17,7 +17,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter, LogLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from parsearch.report.data import (
     ReportData,
@@ -131,10 +131,11 @@ def convergence_figure(data: ReportData) -> Figure:
         ],
         fontsize=8,
     )
-    strip.set_ylim(len(failed_rows) - 0.5, -0.5)
+    strip.set_ylim(max(1, len(failed_rows)) - 0.5, -0.5)
     strip.grid(axis="x", alpha=0.3)
     strip.set_xlabel("trials finished (in the order they finished)")
     strip.set_xlim(0, len(table) + 1)
+    strip.xaxis.set_major_locator(MaxNLocator(integer=True))
     if not failed_rows:
         strip.set_yticks([0], ["no failures"], fontsize=8)
     return fig
@@ -298,6 +299,9 @@ def prediction_figure(data: ReportData) -> Figure:
         x, y = result.pairs["predicted"] / scale, result.pairs["measured"] / scale
         ax.scatter(x, y, s=16, color="#3182bd", zorder=3)
         low, high = min(x.min(), y.min()), max(x.max(), y.max())
+        limit = data.memory_limit_bytes / scale
+        if memory:  # show how close the trials came to the limit
+            high = max(high, limit)
         if high / low > 20:  # orders of magnitude apart: equal ratios, equal distances
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -314,7 +318,6 @@ def prediction_figure(data: ReportData) -> Figure:
         ax.set_xlabel(f"predicted {label}{suffix}")
         ax.set_ylabel(f"measured {label}{suffix}")
         if memory:
-            limit = data.memory_limit_bytes / scale
             if span[0] < limit < span[1]:
                 ax.axhline(
                     limit,
