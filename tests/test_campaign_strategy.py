@@ -64,6 +64,17 @@ def test_default_never_proposes_an_impossible_or_repeated_layout(space_175b, bat
     assert {p.origin for p in proposals} >= {"initial", "optimizer"}
 
 
+def test_deephyper_makes_most_proposals_in_a_space_with_string_dimensions(tiny):
+    strategy = GuidedStrategy(tiny, seed=0, n_seeds=2)
+    try:
+        proposals = _drive(strategy, tiny, 30, 6)
+    finally:
+        strategy.close()
+    origins = [p.origin for p in proposals]
+    assert origins.count("optimizer") > 2 * origins.count("fallback")
+    assert {p.layout.recompute for p in proposals} == {"none", "full"}
+
+
 def test_default_starts_from_diverse_best_predicted_layouts(space_175b):
     strategy = GuidedStrategy(space_175b, seed=0)
     try:

@@ -121,8 +121,8 @@ class Driver:
             exhausted = self._dispatch()
             if not self.running:
                 return self._complete(exhausted)
-            self._record(self.backend.poll(self._poll_timeout()))
             self.progress.update(self.snapshot())
+            self._record(self.backend.poll(self._poll_timeout()))
 
     def _complete(self, exhausted: bool) -> Outcome:
         if self.finished < self.settings.budget and not exhausted:

@@ -11,6 +11,15 @@ Settings, each measured on this 2-core machine (see ``benchmarks/driver_overhead
   twice, which took 0.17 s per ask *and* per tell; drawing from the candidate list is exact
   and took 0.01 s. With no more candidates than ``n_points``, each draw is a permutation of
   all of them, so the acquisition is evaluated on every unseen candidate.
+* ``multi_point_strategy="topk"``: when several slots free at once, the best points of the
+  acquisition computed at the last tell, in order (no refit: 512 points in ~0.1 s).
+  ``qUCB`` draws a random kappa per point but, on these discrete spaces, most draws pick the
+  same argmax: with 16 slots most of its batch were repeats, which the strategy replaces by
+  the estimate's next best, which sit at the memory wall. Measured with 16 slots, 64 trials,
+  8 seeds, memory 15% above the estimate: topk failed 17-42% of trials where qUCB failed
+  29-41% (175B: 19% vs 41%), and reached 97% of the optimum in as few or fewer trials on
+  the 1T, 175B and 70B spaces (on 22B neither did in most seeds). ``cl_max`` (DeepHyper's default) refits per point: 3.7 s to
+  ask 64.
 * ``max_total_failures=-1``: DeepHyper stops a search after 100 failures by default; an
   out-of-memory trial is information here, not a reason to stop.
 * ``checkpoint_history_to_csv=False`` and a private temporary ``log_dir``: the store is the
@@ -40,7 +49,7 @@ class CBOSettings:
 
     surrogate_model: str = "ET"
     acq_optimizer: str = "sampling"
-    multi_point_strategy: str = "qUCB"
+    multi_point_strategy: str = "topk"
     kappa: float = 1.96
     n_points: int = 10_000
 
@@ -48,9 +57,12 @@ class CBOSettings:
 class BayesianOptimizer:
     """CBO over named discrete dimensions, optionally restricted to a list of points.
 
-    ``dimensions`` maps each name to its candidate values (ints become ordinal
-    hyperparameters, strings and booleans categorical ones). ``allowed``, when given, lists the
-    only points that may ever be proposed.
+    ``dimensions`` maps each name to its candidate values. Integer dimensions are given to
+    DeepHyper as they are; any other (``recompute``'s strings, ``sequence_parallel``'s
+    booleans) as the index of each value, in the space's order. DeepHyper's ``topk``
+    returns points in its internal encoding, which for strings is a label index, not the
+    string; with every dimension an integer that encoding is the identity. ``allowed``, when
+    given, lists the only points that may ever be proposed.
     """
 
     def __init__(
@@ -67,12 +79,18 @@ class BayesianOptimizer:
         settings = settings or CBOSettings()
         logging.getLogger("deephyper").setLevel(logging.WARNING)
         self.names = tuple(dimensions)
+        self._codes = {
+            name: {value: index for index, value in enumerate(values)}
+            for name, values in dimensions.items()
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        }
+        self._values = {name: list(codes) for name, codes in self._codes.items()}
         problem = HpProblem()
         for name, values in dimensions.items():
-            problem.add_hyperparameter(list(values), name)
+            problem.add_hyperparameter(list(self._encode({name: v})[name] for v in values), name)
         n_points = settings.n_points
         if allowed is not None:
-            table = pd.DataFrame(list(allowed), columns=list(self.names))
+            table = pd.DataFrame([self._encode(p) for p in allowed], columns=list(self.names))
             problem.set_sampling_fn(_PermutationSampler(table, seed))
             n_points = min(n_points, len(table))
         self._log_dir = tempfile.TemporaryDirectory(prefix="parsearch-cbo-")
@@ -94,18 +112,31 @@ class BayesianOptimizer:
         if n <= 0:
             return []
         with _quiet():
-            return [dict(point) for point in self._search.ask(n)]
+            return [self._decode(point) for point in self._search.ask(n)]
 
     def tell(self, results: Sequence[tuple[Mapping[str, Any], Objective]]) -> None:
         """Objectives to maximise, or ``"F_<reason>"`` for failed points."""
         if not results:
             return
-        told = [({name: point[name] for name in self.names}, value) for point, value in results]
+        told = [(self._encode(point), value) for point, value in results]
         with _quiet():
             self._search.tell(told)
 
     def close(self) -> None:
         self._log_dir.cleanup()
+
+    def _encode(self, point: Mapping[str, Any]) -> Point:
+        return {
+            name: self._codes[name][point[name]] if name in self._codes else point[name]
+            for name in self.names
+            if name in point
+        }
+
+    def _decode(self, point: Mapping[str, Any]) -> Point:
+        return {
+            name: self._values[name][int(point[name])] if name in self._values else point[name]
+            for name in self.names
+        }
 
 
 class _PermutationSampler:

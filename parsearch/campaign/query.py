@@ -71,13 +71,16 @@ class CampaignProgress:
 
 
 def campaign_progress(store: SQLiteStore, campaign: Campaign) -> CampaignProgress:
-    finished = [t for t in store.trials(campaign.id) if t.state.finished and t.finished_at]
-    times = sorted(t.finished_at for t in finished if t.finished_at is not None)[-RATE_WINDOW:]
+    """Counts and best from indexed queries; the finishing rate only while a driver runs."""
     rate = None
-    if len(times) >= 2 and times[-1] > times[0]:
-        # Count the gap since the last finish too, so a stalled campaign's ETA grows.
-        span = max(times[-1], time.time()) - times[0]
-        rate = (len(times) - 1) / span
+    if campaign.status is CampaignStatus.RUNNING:
+        finished = store.trials(campaign.id, states=[s for s in TrialState if s.finished])
+        times = sorted(t.finished_at for t in finished if t.finished_at is not None)
+        times = times[-RATE_WINDOW:]
+        if len(times) >= 2 and times[-1] > times[0]:
+            # Count the gap since the last finish too, so a stalled campaign's ETA grows.
+            span = max(times[-1], time.time()) - times[0]
+            rate = (len(times) - 1) / span
     return CampaignProgress(
         campaign=campaign,
         counts=store.counts(campaign.id),

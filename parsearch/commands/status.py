@@ -58,12 +58,15 @@ def _text(progress: CampaignProgress, others: list[str]) -> str:
     campaign, best = progress.campaign, progress.best
     created = datetime.fromtimestamp(campaign.created_at).strftime("%Y-%m-%d %H:%M")
     states = ", ".join(f"{s.value} {n}" for s, n in progress.counts.items() if n) or "none yet"
-    budget = campaign.budget or 0
-    share = f" ({progress.finished / budget:.0%})" if budget else ""
+    done = f"{progress.finished}"
+    if campaign.budget:
+        done += f"/{campaign.budget} finished ({progress.finished / campaign.budget:.0%})"
+    else:
+        done += " finished"
     lines = [
         f"campaign '{campaign.name}' ({campaign.status.value}; backend {campaign.backend}; "
         f"started {created})",
-        f"  trials   {progress.finished}/{budget} finished{share}; {states}",
+        f"  trials   {done}; {states}",
         "  "
         + describe_best(
             best.objective if best else None,
