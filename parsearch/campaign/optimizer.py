@@ -18,8 +18,8 @@ Settings, each measured on this 2-core machine (see ``benchmarks/driver_overhead
   the estimate's next best, which sit at the memory wall. Measured with 16 slots, 64 trials,
   8 seeds, memory 15% above the estimate: topk failed 17-42% of trials where qUCB failed
   29-41% (175B: 19% vs 41%), and reached 97% of the optimum in as few or fewer trials on
-  the 1T, 175B and 70B spaces (on 22B neither did in most seeds). ``cl_max`` (DeepHyper's default) refits per point: 3.7 s to
-  ask 64.
+  the 1T, 175B and 70B spaces (on 22B neither did in most seeds). ``cl_max`` (DeepHyper's
+  default) refits per point: 3.7 s to ask 64.
 * ``max_total_failures=-1``: DeepHyper stops a search after 100 failures by default; an
   out-of-memory trial is information here, not a reason to stop.
 * ``checkpoint_history_to_csv=False`` and a private temporary ``log_dir``: the store is the
