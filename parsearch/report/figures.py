@@ -42,6 +42,7 @@ CELL_STYLE = {
     "no_divide": ("#a8a8a8", "xx", "invalid", "no layout divides (rules)"),
     "not_run": ("#ffffff", "", "not run", "not run yet"),
 }
+PARETO_LABELS = 6
 OK_COLOR, BEST_COLOR, FRONT_COLOR, LIMIT_COLOR = "#6baed6", "#08519c", "#e6550d", "#d62728"
 
 
@@ -238,7 +239,11 @@ def pareto_figure(data: ReportData) -> Figure:
     ax.scatter(
         memory, objective, s=36, color=FRONT_COLOR, label=f"Pareto front ({len(front)})", zorder=4
     )
-    for number, x, y in zip(front["number"], memory, objective, strict=True):
+    # Label the fastest few: the slow end of a long front crowds, and the page lists it all.
+    labelled = front.nlargest(PARETO_LABELS, "objective")
+    for number, x, y in zip(
+        labelled["number"], labelled["peak_mem_bytes"] / scale, labelled["objective"], strict=True
+    ):
         ax.annotate(
             f"#{int(number)}",
             (x, y),
