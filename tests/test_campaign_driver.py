@@ -11,7 +11,7 @@ import pytest
 from parsearch.campaign.driver import Outcome
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
-from parsearch.errors import CampaignLockedError, StoreError
+from parsearch.errors import BackendError, CampaignLockedError, StoreError
 from parsearch.result import TrialState
 from parsearch.space import load_space
 from parsearch.store import CampaignStatus, open_store
@@ -85,6 +85,17 @@ def test_run_refuses_an_existing_campaign_name(tmp_path):
     with pytest.raises(StoreError, match=r"already exists.*parsearch resume"):
         start_campaign(TINY, db, budget=2, settings=_simulate())
     start_campaign(TINY, db, name="again", budget=2, settings=_simulate())
+
+
+def test_settings_are_checked_before_the_campaign_exists(tmp_path):
+    db = tmp_path / "c.db"
+    bad = CampaignSettings(backend="simulate", backend_options={"dealy": "1"})
+    with pytest.raises(BackendError, match="no option dealy"):
+        start_campaign(TINY, db, budget=2, settings=bad)
+    with open_store(db, readonly=True) as store:
+        assert store.list_campaigns() == []
+    summary = start_campaign(TINY, db, budget=2, settings=_simulate())
+    assert summary.campaign.settings["backend_settings"]["slots"] == 1
 
 
 def _signal_soon(sig, after_s):

@@ -8,18 +8,19 @@ earlier session left interrupted or running, so that resuming loses and repeats 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parsearch.backends import create_backend
+from parsearch.backends import Backend, create_backend
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
-from parsearch.campaign.strategy import make_strategy
+from parsearch.campaign.strategy import Strategy, make_strategy
 from parsearch.errors import ParsearchError, StoreError
 from parsearch.result import TrialState
 from parsearch.space import SearchSpace, load_space, space_from_dict
@@ -115,17 +116,24 @@ def start_campaign(
                 f"campaign '{name}' already exists in {store.path}; continue it with "
                 f"`parsearch resume --store {store_path} --name {name}`, or pass another --name"
             )
-        campaign = store.create_campaign(
-            name,
-            space.raw,
-            space_path=str(space_path),
-            seed=seed,
-            budget=budget,
-            backend=settings.backend,
-            settings=settings.to_dict(),
-            objective_metric=space.objective,
-        )
-        return _session(store, campaign, space, settings, progress)
+        # Everything that can refuse the settings does so before the campaign exists, so a
+        # typo never leaves behind a campaign that only `resume` could reach.
+        parts = _Parts.build(space, settings, seed)
+        try:
+            campaign = store.create_campaign(
+                name,
+                space.raw,
+                space_path=str(space_path),
+                seed=seed,
+                budget=budget,
+                backend=settings.backend,
+                settings={**settings.to_dict(), "backend_settings": parts.backend.describe()},
+                objective_metric=space.objective,
+            )
+        except BaseException:
+            parts.close()
+            raise
+        return _session(store, campaign, space, settings, progress, parts=parts)
 
 
 def resume_campaign(
@@ -155,6 +163,38 @@ def resume_campaign(
         return _session(store, campaign, space, settings, progress, budget=budget)
 
 
+@dataclass
+class _Parts:
+    """A session's strategy and backend, closed together whatever happens."""
+
+    strategy: Strategy
+    backend: Backend
+    closed: bool = False
+
+    @classmethod
+    def build(cls, space: SearchSpace, settings: CampaignSettings, seed: int) -> _Parts:
+        strategy = make_strategy(
+            settings.strategy, space, seed=seed, keep_predicted_oom=settings.keep_predicted_oom
+        )
+        try:
+            backend = create_backend(
+                settings.backend, space, slots=settings.slots, options=settings.backend_options
+            )
+        except BaseException:
+            strategy.close()
+            raise
+        return cls(strategy, backend)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.backend.close()
+        finally:
+            self.strategy.close()
+
+
 def _session(
     store: SQLiteStore,
     campaign: Campaign,
@@ -163,14 +203,19 @@ def _session(
     progress: Progress | None,
     *,
     budget: int | None = None,
+    parts: _Parts | None = None,
 ) -> SessionSummary:
+    """Run the campaign under its lease; ``parts`` are built after the lease if not given."""
     started = time.monotonic()
     progress = progress or Progress(enabled=False)
     stop = StopRequest()
-    with (
-        stop.on_signals(),
-        Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s) as lease,
-    ):
+    with contextlib.ExitStack() as stack:
+        if parts is not None:
+            stack.callback(parts.close)  # if the lease is refused
+        stack.enter_context(stop.on_signals())
+        lease = stack.enter_context(
+            Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
+        )
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,
@@ -179,45 +224,32 @@ def _session(
             finished_at=None,
         )
         assert campaign.budget is not None  # start_campaign always sets one
-        strategy = make_strategy(
-            settings.strategy,
-            space,
-            seed=campaign.seed,
-            keep_predicted_oom=settings.keep_predicted_oom,
+        parts = parts or _Parts.build(space, settings, campaign.seed)
+        # Closed before the lease is released: no trial outlives its driver's lease.
+        stack.callback(parts.close)
+        strategy, backend = parts.strategy, parts.backend
+        strategy.exclude(record.layout for record in history)
+        strategy.tell([(r.layout, _told_value(r)) for r in history if r.state.finished])
+        progress.message(
+            f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
+            f"{settings.backend} ({backend.capacity} slots), strategy {settings.strategy}, "
+            f"{sum(r.state.finished for r in history)} trials done before"
         )
-        try:
-            strategy.exclude(record.layout for record in history)
-            strategy.tell([(r.layout, _told_value(r)) for r in history if r.state.finished])
-            backend = create_backend(
-                settings.backend, space, slots=settings.slots, options=settings.backend_options
-            )
-            try:
-                progress.message(
-                    f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, "
-                    f"backend {settings.backend} ({backend.capacity} slots), strategy "
-                    f"{settings.strategy}, {sum(r.state.finished for r in history)} "
-                    f"trials done before"
-                )
-                driver = Driver(
-                    store=store,
-                    campaign=campaign,
-                    space=space,
-                    backend=backend,
-                    strategy=strategy,
-                    lease=lease,
-                    settings=DriverSettings(
-                        budget=campaign.budget,
-                        timeout_s=settings.timeout_s,
-                        grace_s=settings.grace_s,
-                    ),
-                    stop=stop,
-                    progress=progress,
-                )
-                outcome = driver.run(history)
-            finally:
-                backend.close()
-        finally:
-            strategy.close()
+        driver = Driver(
+            store=store,
+            campaign=campaign,
+            space=space,
+            backend=backend,
+            strategy=strategy,
+            lease=lease,
+            settings=DriverSettings(
+                budget=campaign.budget, timeout_s=settings.timeout_s, grace_s=settings.grace_s
+            ),
+            stop=stop,
+            progress=progress,
+        )
+        outcome = driver.run(history)
+        parts.close()
         campaign = store.update_campaign(
             campaign.id,
             status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,

@@ -1,0 +1,76 @@
+"""The progress display: one rewritten line on a terminal, sparse lines in a log."""
+
+import io
+
+from parsearch.campaign.progress import Progress, Snapshot, format_duration
+from parsearch.config import ParallelLayout
+
+LAYOUT = ParallelLayout(tp=2, pp=4, dp=16, mbs=1, gas=8)
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as a real one would."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _snapshot(finished, best=None, running=2):
+    return Snapshot(
+        finished=finished,
+        budget=10,
+        running=running,
+        failed=1,
+        best_value=best,
+        best_layout=LAYOUT if best else None,
+        metric="tokens_per_s",
+        eta_s=75.0,
+    )
+
+
+def test_a_log_gets_a_line_per_new_best_only():
+    log = io.StringIO()
+    progress = Progress(log)
+    progress.message("campaign 'c' started")
+    for snapshot in (_snapshot(1), _snapshot(2, 5.0), _snapshot(3, 5.0), _snapshot(4, 7.0)):
+        progress.update(snapshot, force=True)
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert lines == [
+        "campaign 'c' started",
+        "[2/10] new best tokens_per_s 5 (tp2 pp4 dp16 mbs1 gas8)",
+        "[4/10] new best tokens_per_s 7 (tp2 pp4 dp16 mbs1 gas8)",
+    ]
+
+
+def test_a_terminal_gets_one_line_rewritten_in_place():
+    tty = Terminal()
+    progress = Progress(tty)
+    progress.update(_snapshot(3, 5.0), force=True)
+    progress.update(_snapshot(4, 5.0))  # within 0.2 s of the last draw: skipped
+    progress.update(_snapshot(5, 6.0), force=True)
+    progress.message("stopping")
+    progress.close()
+    text = tty.getvalue()
+    assert "\n" not in text.split("stopping")[0]
+    assert "\r3/10 done, 2 running, 1 failed | best tokens_per_s 5 (tp2 pp4 dp16 mbs1 gas8)" in text
+    assert "ETA 1m15s" in text and "4/10" not in text and "5/10" in text
+    assert text.endswith("stopping\n")
+
+
+def test_disabled_progress_writes_nothing():
+    tty = Terminal()
+    progress = Progress(tty, enabled=False)
+    progress.message("x")
+    progress.update(_snapshot(1, 1.0), force=True)
+    assert tty.getvalue() == ""
+
+
+def test_durations():
+    assert [format_duration(s) for s in (None, 0, 59.6, 95, 3600 * 2 + 61)] == [
+        "?",
+        "0s",
+        "1m00s",
+        "1m35s",
+        "2h01m",
+    ]
