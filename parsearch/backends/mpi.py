@@ -270,14 +270,14 @@ class MPIBackend:
         self._trials[spec.trial_id] = trial
         for rank in trial.ranks:
             self._nodes[rank].trial = spec.trial_id
-        self._order(trial, 0, None)
+        self._order(trial, 0)
         return [self._nodes[rank].host for rank in trial.ranks]
 
-    def _order(self, trial: _Trial, node: int, port: int | None) -> None:
+    def _order(self, trial: _Trial, node: int, rendezvous: NodeStarted | None = None) -> None:
+        """Start ``node`` of ``trial``; nodes after the first meet at node 0's address."""
         rank = trial.ranks[node]
-        order = NodeOrder(
-            trial.spec.to_dict(), node, len(trial.ranks), self._nodes[trial.ranks[0]].host, port
-        )
+        addr, port = (rendezvous.addr, rendezvous.port) if rendezvous else (None, None)
+        order = NodeOrder(trial.spec.to_dict(), node, len(trial.ranks), addr, port)
         trial.ordered.add(node)
         if rank == 0:
             assert self._local is not None
@@ -327,7 +327,7 @@ class MPIBackend:
             return  # cancelled meanwhile
         if started.node == 0 and started.error is None:
             for node in range(1, len(trial.ranks)):
-                self._order(trial, node, started.port)
+                self._order(trial, node, started)
 
     def _on_done(self, rank: int, done: NodeDone) -> None:
         trial = self._trials.get(done.trial_id)

@@ -33,14 +33,17 @@ from parsearch.trial import TrialSpec
 
 @dataclass(frozen=True)
 class NodeOrder:
-    """Run node ``node`` of ``nnodes`` of a trial; ``port`` is ``None`` for node 0, which
-    picks a free one on its host and reports it, so concurrent trials never share one."""
+    """Run node ``node`` of ``nnodes`` of a trial, meeting the others at ``addr:port``.
+
+    Node 0 gets neither: it is the rendezvous, at its own address and a port it finds free
+    there (so concurrent trials never share one), both of which it reports; the other
+    nodes are ordered once the driver knows them."""
 
     spec: dict[str, Any]
     node: int
     nnodes: int
-    addr: str
-    port: int | None
+    addr: str | None = None
+    port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class NodeStarted:
 
     trial_id: str
     node: int
+    addr: str
     port: int
     host: str
     pid: int
@@ -72,11 +76,13 @@ class NodeSlot:
     """Runs this node's part of at most one trial at a time.
 
     ``workdir``: trial directories go to ``workdir/<trial id>/``; ``None``: a temporary
-    directory, removed by :meth:`close`.
+    directory, removed by :meth:`close`. ``addr``: how the other nodes reach this one
+    (default: the host name).
     """
 
-    def __init__(self, workdir: Path | None, grace_s: float = 3.0):
+    def __init__(self, workdir: Path | None, grace_s: float = 3.0, addr: str | None = None):
         self.host = socket.gethostname()
+        self.addr = addr or self.host
         self.grace_s = grace_s
         self._keep = workdir is not None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="parsearch-node-"))
@@ -91,6 +97,7 @@ class NodeSlot:
         """Start the node's ranks of ``order``; never raises for a trial that cannot start
         (the failure is the next :meth:`poll` result)."""
         spec = TrialSpec.from_dict(order.spec)
+        addr = order.addr or self.addr
         port = order.port or free_port()
         trial_dir = self.workdir / spec.trial_id
         run = guarded(
@@ -98,7 +105,7 @@ class NodeSlot:
                 spec,
                 order.node,
                 order.nnodes,
-                order.addr,
+                addr,
                 port,
                 trial_dir,
                 grace_s=self.grace_s,
@@ -116,6 +123,7 @@ class NodeSlot:
         started = NodeStarted(
             trial_id=spec.trial_id,
             node=order.node,
+            addr=addr,
             port=port,
             host=self.host,
             pid=os.getpid(),
