@@ -174,3 +174,11 @@ def test_report_of_a_campaign_that_only_failed(tmp_path):
     grid = tp_pp_grid(data)
     assert "ok" not in set(grid["kind"]) and "oom" in set(grid["kind"])
     assert "No trial has finished ok yet" in write_report(data, tmp_path / "out").read_text()
+
+
+def test_unwritable_output_is_a_clear_error(store_path, tmp_path, capsys):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file where the report directory should go")
+    code = main(["report", "--store", str(store_path), "--out", str(blocker)])
+    assert code == 1
+    assert f"cannot write the report to {blocker}" in capsys.readouterr().err

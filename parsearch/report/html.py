@@ -58,16 +58,16 @@ pre { background: #f6f8fa; padding: 0.6em; font-size: 0.8em; overflow-x: auto; }
 def write_report(data: ReportData, out_dir: str | Path, *, top_k: int = 10) -> Path:
     """Write ``<out_dir>/<figure>.png`` and ``<out_dir>/index.html``; return the page's path."""
     out = Path(out_dir)
+    images = {name: _png(draw(data)) for name, draw in FIGURES.items()}
+    page = out / "index.html"
     try:
         out.mkdir(parents=True, exist_ok=True)
+        for name, png in images.items():
+            (out / f"{name}.png").write_bytes(png)
+        page.write_text(render_html(data, images, top_k=top_k), encoding="utf-8")
     except OSError as error:
-        raise ParsearchError(f"cannot create report directory {out}: {error.strerror}") from None
-    images: dict[str, bytes] = {}
-    for name, draw in FIGURES.items():
-        images[name] = _png(draw(data))
-        (out / f"{name}.png").write_bytes(images[name])
-    page = out / "index.html"
-    page.write_text(render_html(data, images, top_k=top_k), encoding="utf-8")
+        where = error.filename or out
+        raise ParsearchError(f"cannot write the report to {where}: {error.strerror}") from None
     return page
 
 
