@@ -87,6 +87,38 @@ def test_concurrent_trials_failures_and_cancel(space_file, tmp_path):
         backend.close()
 
 
+def _children(pid):
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.e2e
+def test_a_killed_driver_takes_its_trial_ranks_with_it(space_file, tmp_path):
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store",
+         str(tmp_path / "c.db"), "--budget", "2", "--quiet"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(ranks := _children(driver.pid)) < 2:
+        assert driver.poll() is None and time.monotonic() < deadline, "no trial started"
+        time.sleep(0.1)
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 3  # the trial itself would run for several seconds more
+    while any(_alive(pid) for pid in ranks):
+        assert time.monotonic() < deadline, "trial ranks outlived their driver"
+        time.sleep(0.1)
+
+
 @pytest.mark.e2e
 def test_run_and_best_with_the_built_in_trainer(space_file, tmp_path):
     db = tmp_path / "demo.db"

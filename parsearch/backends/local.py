@@ -1,8 +1,11 @@
 """``local``: this machine as one node; each trial is a group of local rank processes.
 
-Trials run through the node agent (:class:`parsearch.agent.NodeRun`), which gives each rank
-its own process group, log file and timeout, so a trial that crashes, hangs or runs out of
-memory ends as a result, never as an exception in the driver. Several trials run at once
+Trials run through the node agent (:class:`parsearch.agent.NodeRun`, picked by trainer kind
+with :func:`parsearch.trainers.node_run`), which gives each rank its own process group, log
+file and timeout, so a trial that crashes, hangs or runs out of memory ends as a result,
+never as an exception in the driver. Ranks start through :mod:`parsearch.backends.guard`, so
+a driver killed with ``kill -9`` takes its trials with it instead of leaving them to compete
+with the ones ``resume`` starts. Several trials run at once
 when the machine has room for them (``slots``),
 each with its own rendezvous port and, on GPUs, its own devices. A space's allocation is one
 trial's hardware, so by default one trial runs at a time; ``--slots K`` runs K at once on a
@@ -30,9 +33,11 @@ from typing import Any
 
 from parsearch.agent import NodeRun, _uses_gpu, _visible_devices_var, free_port
 from parsearch.backends import Finished, check_options
+from parsearch.backends.guard import guarded
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
+from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
 OPTIONS = ("workdir", "grace")
@@ -76,11 +81,14 @@ class LocalBackend:
         port = free_port("127.0.0.1")
         env = self._slot_env(spec, slot)
         runs = [
-            NodeRun(
-                spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env=env, grace_s=self._grace_s
+            guarded(
+                node_run(
+                    spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env=env,
+                    grace_s=self._grace_s,
+                )
             )
             for node in range(spec.nodes)
-        ]
+        ]  # fmt: skip
         trial = _Trial(spec, slot, runs)
         self._running[spec.trial_id] = trial
         try:
@@ -116,7 +124,7 @@ class LocalBackend:
             time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
 
     def _check(self, trial: _Trial) -> Finished | None:
-        """The trial's result if it ended: the first failing node's, else node 0's."""
+        """The trial's result once every node ended, or one failed (the others are killed)."""
         result = trial.failed_to_start
         if result is None:
             results = [run.poll() for run in trial.runs]
@@ -124,8 +132,7 @@ class LocalBackend:
             if not failed and any(r is None for r in results):
                 return None
             results = [run.kill() for run in trial.runs]  # stop the nodes still running
-            failed = [r for r in results if not r.ok and r.status is not TrialState.INTERRUPTED]
-            result = failed[0] if failed else results[0]
+            result = merge_results(trial.spec, results)
         self._release(trial)
         return Finished(trial.spec.trial_id, result)
 
