@@ -111,10 +111,6 @@ def convergence(data: ReportData) -> pd.DataFrame:
     return frame[["finished", "number", "state", "value", "best_so_far"]].reset_index(drop=True)
 
 
-# Cell kinds of the TP x PP map, in the order a cell's kind is decided (first match wins).
-CELL_KINDS = ("ok", "oom", "failed", "no_divide", "predicted_oom", "not_run")
-
-
 def tp_pp_grid(data: ReportData) -> pd.DataFrame:
     """One row per (pp, tp) of the space: what happened to that cell.
 
