@@ -32,9 +32,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from parsearch.bench.prefork import ForkedRank
 
 OOM_MARKERS = (
     "out of memory",
@@ -130,12 +134,48 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+class SpawnedRank:
+    """A rank started as a new program (``subprocess``), child of this process."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
+        with log.open("wb") as out:
+            self._popen = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.pid = self._popen.pid
+
+    def exit_code(self) -> int | None:
+        """The exit code (negative: killed by that signal) of the ended rank, without
+        reaping it (its pid, hence its process group id, stays ours); ``None`` while it runs."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self._popen.returncode
+        if info is None or info.si_pid == 0:
+            return None
+        if info.si_code == os.CLD_EXITED:
+            return info.si_status
+        return -info.si_status
+
+    def signal(self, sig: int) -> None:
+        """Nothing to add to signalling its process group: it was created in its own."""
+
+    def reap(self) -> int:
+        return self._popen.wait()
+
+
 @dataclass
 class _Rank:
     rank: int
     pid: int
     log: Path
-    popen: subprocess.Popen
+    process: SpawnedRank | ForkedRank
     exit_code: int | None = None
 
 
@@ -153,6 +193,7 @@ class NodeRun:
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         grace_s: float = 3.0,
+        prefork: bool = True,
     ) -> None:
         self.spec = spec
         self.node_rank = node_rank
@@ -164,6 +205,7 @@ class NodeRun:
         self.command = list(command) if command is not None else default_command(self.trial_dir)
         self.extra_env = dict(env or {})
         self.grace_s = grace_s
+        self.prefork = prefork
         self.ranks: list[_Rank] = []
         self.result: TrialResult | None = None
         self._start = 0.0
@@ -190,20 +232,27 @@ class NodeRun:
         tmp.replace(spec_path)
         self._start = time.monotonic()
         local_ranks = self.global_ranks()
+        forked = self._forks_builtin_trainer()
         for local, rank in enumerate(local_ranks):
             log = self.trial_dir / f"rank{rank}.log"
-            with log.open("wb") as out:
-                popen = subprocess.Popen(
-                    self.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=self._rank_env(rank, local, len(local_ranks)),
-                    cwd=self.trial_dir,
-                    start_new_session=True,
-                )
-            self.ranks.append(_Rank(rank, popen.pid, log, popen))
+            env = self._rank_env(rank, local, len(local_ranks))
+            if forked:
+                from parsearch.bench.prefork import ForkedRank
+
+                process = ForkedRank(env, log, self.trial_dir, self.command[3:])
+            else:
+                process = SpawnedRank(self.command, env, log, self.trial_dir)
+            self.ranks.append(_Rank(rank, process.pid, log, process))
         return self
+
+    def _forks_builtin_trainer(self) -> bool:
+        """Whether the ranks are the built-in trainer, unchanged (a backend may prefix a
+        guard to the command), and may be forked warm (:mod:`parsearch.bench.prefork`)."""
+        if not self.prefork or self.command != default_command(self.trial_dir):
+            return False
+        from parsearch.bench import prefork
+
+        return prefork.available()
 
     def _rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -241,7 +290,7 @@ class NodeRun:
         now = time.monotonic()
         for rank in self.ranks:
             if rank.exit_code is None:
-                rank.exit_code = _exit_code(rank.pid)
+                rank.exit_code = rank.process.exit_code()
                 if rank.exit_code not in (None, 0) and self._first_failure is None:
                     self._first_failure = (now, rank.rank)
         if all(r.exit_code is not None for r in self.ranks):
@@ -275,7 +324,7 @@ class NodeRun:
         still_running = {r.rank for r in self.ranks if r.exit_code is None}
         self._kill_groups()
         for rank in self.ranks:
-            code = rank.popen.wait()
+            code = rank.process.reap()
             if rank.exit_code is None:
                 rank.exit_code = code
         self.result = self._classify(forced, still_running)
@@ -285,17 +334,20 @@ class NodeRun:
 
     def _kill_groups(self, term_wait_s: float = 1.0) -> None:
         """SIGTERM each rank's process group, then SIGKILL what is left."""
-        groups = [r.pid for r in self.ranks]
+
+        def alive() -> list[_Rank]:
+            return [r for r in self.ranks if _group_alive(r.pid) or r.process.exit_code() is None]
+
         for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 5.0)):
-            alive = [g for g in groups if _group_alive(g)]
-            for group in alive:
+            left = alive()
+            for rank in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(group, sig)
+                    os.killpg(rank.pid, sig)
+                rank.process.signal(sig)
             deadline = time.monotonic() + wait_s
-            while alive and time.monotonic() < deadline:
-                alive = [g for g in alive if _group_alive(g)]
-                if alive:
-                    time.sleep(0.02)
+            while left and time.monotonic() < deadline:
+                time.sleep(0.02)
+                left = alive()
 
     def _classify(self, forced: TrialState | None, killed: set[int]) -> TrialResult:
         failed = [r for r in self.ranks if r.rank not in killed and r.exit_code != 0]
@@ -360,20 +412,6 @@ class NodeRun:
         return result
 
 
-def _exit_code(pid: int) -> int | None:
-    """The exit code (negative: killed by that signal) of an ended child, without reaping
-    it; ``None`` while it runs."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    if info is None or info.si_pid == 0:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return info.si_status
-    return -info.si_status
-
-
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
@@ -404,6 +442,7 @@ def run_local(
     trial_dir: Path | None = None,
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
+    prefork: bool = True,
 ) -> TrialResult:
     """Run every node of ``spec`` on this machine (one :class:`NodeRun` each, one rendezvous
     on 127.0.0.1). When one node fails the others are killed. Without ``trial_dir`` the logs
@@ -413,7 +452,9 @@ def run_local(
             trial_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parsearch-")))
         port = free_port("127.0.0.1")
         runs = [
-            NodeRun(spec, node, spec.nodes, "127.0.0.1", port, trial_dir, command, env)
+            NodeRun(
+                spec, node, spec.nodes, "127.0.0.1", port, trial_dir, command, env, prefork=prefork
+            )
             for node in range(spec.nodes)
         ]
         try:

@@ -40,8 +40,9 @@ def test_command_line_runs_one_rank_without_a_launcher(tmp_path):
     assert result.metrics["peak_mem_source"] == "MemTracker"
 
 
-def test_run_trial_reports_every_figure(tmp_path):
-    result = run_trial(tiny_spec(1, 1, 2, zero_stage=3), tmp_path)
+@pytest.mark.parametrize("prefork", [True, False], ids=["forked", "spawned"])
+def test_run_trial_reports_every_figure(tmp_path, prefork):
+    result = run_trial(tiny_spec(1, 1, 2, zero_stage=3), tmp_path, prefork=prefork)
     assert result.ok, result.error
     m = result.metrics
     for key in (
@@ -77,11 +78,11 @@ def test_memory_cap_below_the_need_is_oom(tmp_path):
 
 
 def test_hung_rank_is_killed_by_the_timeout(tmp_path):
-    spec = tiny_spec(1, 1, 2, timeout_s=30)
+    spec = tiny_spec(1, 1, 2, timeout_s=15)
     run = node(spec, tmp_path, fault_command("hang", 1, tmp_path)).start()
     result = run.wait()
     assert result.status is TrialState.TIMEOUT
-    assert 30 <= result.duration_s < 60
+    assert 15 <= result.duration_s < 45
     assert child_pids_alive(run.pids) == []
 
 

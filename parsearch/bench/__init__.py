@@ -14,15 +14,17 @@ from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
 
-def run_trial(spec: TrialSpec, trial_dir: Path | None = None) -> TrialResult:
+def run_trial(spec: TrialSpec, trial_dir: Path | None = None, prefork: bool = True) -> TrialResult:
     """Run ``spec`` on this machine (all its ranks, via :func:`parsearch.agent.run_local`).
 
     ``trial_dir`` keeps the spec, result and per-rank logs; without it they live in a
-    temporary directory and only the result (with a log tail on failure) remains.
+    temporary directory and only the result (with a log tail on failure) remains. With
+    ``prefork`` the ranks are forked from a server that has imported torch already
+    (:mod:`parsearch.bench.prefork`), else started as new programs.
     """
     from parsearch.agent import run_local
 
-    return run_local(spec, trial_dir)
+    return run_local(spec, trial_dir, prefork=prefork)
 
 
 __all__ = ["run_trial"]

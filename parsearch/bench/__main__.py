@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 from parsearch.bench.env import RankEnv
@@ -25,6 +26,16 @@ def write_result(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def process_age_s() -> float:
+    """Seconds since this process was created (interpreter start-up included; Linux)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parsearch.bench", description=__doc__)
     parser.add_argument("--spec", required=True, type=Path, help="TrialSpec JSON file")
@@ -32,12 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = TrialSpec.from_json(args.spec.read_text())
     env = RankEnv.from_environ()
+    phases = {"start_s": process_age_s()}
+    began = time.perf_counter()
 
     from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
 
+    phases["import_s"] = time.perf_counter() - began
     device = resolve_device(TrainerSettings.from_spec(spec), spec, env)
     with process_group(env, device, spec.timeout_s):
-        result = train(spec, env)
+        phases["init_s"] = time.perf_counter() - began - phases["import_s"]
+        result = train(spec, env, phases)
     if result is not None:
         data = result.to_dict()
         if args.out is not None:

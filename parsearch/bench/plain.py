@@ -1,5 +1,6 @@
-"""The yardstick: the same model, batch and optimizer trained by a plain single-process loop
-(no process group, no wrappers, the whole global batch in one forward).
+"""The yardstick: the same model, batch and optimizer (fused AdamW, as the trainer) trained by
+a plain single-process loop (no process group, no wrappers, the whole global batch in one
+forward).
 
 Tests compare every layout's losses with it, and the benchmark compares the built-in
 trainer's step time with it.
@@ -23,7 +24,7 @@ def plain_training(spec: TrialSpec, steps: int) -> tuple[list[float], list[float
         model = Transformer(spec.model)
     materialize(model, torch.device("cpu"), spec.seed)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, fused=True
     )
     tokens = synthetic_batch(spec)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

@@ -11,11 +11,12 @@ data-parallel ranks.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -255,8 +256,16 @@ def _synchronize(device: torch.device) -> None:
 
 @contextlib.contextmanager
 def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Iterator[None]:
-    """The trial's process group (NCCL on GPU, gloo on CPU) for the duration of the block."""
+    """The trial's process group (NCCL on GPU, gloo on CPU) for the duration of the block.
+
+    Also applies ``OMP_NUM_THREADS``, which torch only reads when it is imported: a
+    preforked rank (:mod:`parsearch.bench.prefork`) imported it before its environment
+    was set."""
     from datetime import timedelta
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=max(timeout_s, 60.0))
@@ -278,35 +287,49 @@ def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Itera
         dist.destroy_process_group()
 
 
-def train(spec: TrialSpec, env: RankEnv) -> TrialResult | None:
+@dataclass
+class Measurements:
+    """What the training loop of one rank observed."""
+
+    peak: TensorPeak
+    cap: int | None
+    status: TrialState = TrialState.OK
+    losses: list[torch.Tensor] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def train(
+    spec: TrialSpec, env: RankEnv, phases: dict[str, float] | None = None
+) -> TrialResult | None:
     """Run the trial on this rank (inside :func:`process_group`); rank 0 returns the result,
-    the other ranks ``None``."""
+    the other ranks ``None``. ``phases`` (seconds spent before, e.g. importing) is reported
+    with the build and step times as ``phases_s``, to show where a trial's time goes."""
     settings = TrainerSettings.from_spec(spec)
     device = resolve_device(settings, spec, env)
     check_layout(spec.layout, spec.model, env.world_size)
+    began = time.perf_counter()
     job = ParallelJob(spec, settings, device)
-    peak = TensorPeak(device)
-    cap = settings.memory_cap(spec)
-    losses, times = [], []
-    peak.reset()
+    run = Measurements(TensorPeak(device), settings.memory_cap(spec), phases=dict(phases or {}))
+    run.phases["build_s"] = time.perf_counter() - began
+    run.peak.reset()
     reset_peak_rss()
-    total_steps = settings.warmup_steps + settings.steps
-    status = TrialState.OK
-    for index in range(total_steps):
+    for index in range(settings.warmup_steps + settings.steps):
         traced = index == settings.warmup_steps - 1
         dist.barrier()
         _synchronize(device)
         start = time.perf_counter()
-        with peak.track(job.modules, job.optimizer) if traced else contextlib.nullcontext():
-            losses.append(job.step())
+        with run.peak.track(job.modules, job.optimizer) if traced else contextlib.nullcontext():
+            run.losses.append(job.step())
         _synchronize(device)
-        times.append(time.perf_counter() - start)
-        if traced and cap is not None:
-            worst = _reduce(torch.tensor([peak.finish() or 0], device=device), dist.ReduceOp.MAX)
-            if worst[0] > cap:
-                status = TrialState.OOM
+        run.times.append(time.perf_counter() - start)
+        if traced and run.cap is not None:
+            peak = torch.tensor([run.peak.finish() or 0], device=device)
+            if _reduce(peak, dist.ReduceOp.MAX)[0] > run.cap:
+                run.status = TrialState.OOM
                 break
-    return _report(spec, settings, env, job, peak, status, cap, losses, times)
+    run.phases["steps_s"] = time.perf_counter() - began - run.phases["build_s"]
+    return _report(spec, settings, env, job, run)
 
 
 def _reduce(tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
@@ -323,21 +346,14 @@ def _gather(values: list[int | None], device: torch.device) -> list[list[int | N
 
 
 def _report(
-    spec: TrialSpec,
-    settings: TrainerSettings,
-    env: RankEnv,
-    job: ParallelJob,
-    peak: TensorPeak,
-    status: TrialState,
-    cap: int | None,
-    losses: list[torch.Tensor],
-    times: list[float],
+    spec: TrialSpec, settings: TrainerSettings, env: RankEnv, job: ParallelJob, run: Measurements
 ) -> TrialResult | None:
     """Combine every rank's figures (collectives: all ranks must call it) into rank 0's
     result."""
-    device = job.device
-    step_losses = _reduce(torch.stack(losses), dist.ReduceOp.SUM).tolist()
-    step_times = _reduce(torch.tensor(times, device=device, dtype=torch.float64), dist.ReduceOp.MAX)
+    device, peak, cap = job.device, run.peak, run.cap
+    step_losses = _reduce(torch.stack(run.losses), dist.ReduceOp.SUM).tolist()
+    times = torch.tensor(run.times, device=device, dtype=torch.float64)
+    step_times = _reduce(times, dist.ReduceOp.MAX)
     memory = _gather([peak.finish(), peak_rss_bytes()], device)
     if env.rank != 0:
         return None
@@ -362,10 +378,11 @@ def _report(
         "peak_rss_bytes": max((r for r in rss if r is not None), default=None),
         "peak_rss_bytes_per_rank": rss,
         "memory_cap_bytes": cap,
+        "phases_s": run.phases,
     }
-    if status is TrialState.OOM:
+    if run.status is TrialState.OOM:
         return TrialResult(
-            status=status,
+            status=run.status,
             metrics=metrics,
             error=f"measured peak {metrics['peak_mem_bytes']} B exceeds the cap of {cap} B",
         )
