@@ -8,8 +8,9 @@ Each function takes the piece of the device mesh it needs, so the same code runs
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -214,18 +215,50 @@ def apply_fsdp(
     fully_shard(module, **options)
 
 
-def set_gradient_sync(modules: Iterable[nn.Module], enabled: bool) -> None:
-    """Turn FSDP2's gradient reduce-scatter on or off (ZeRO-1's accumulation)."""
-    for module in modules:
-        if isinstance(module, FSDPModule):
-            module.set_requires_gradient_sync(enabled)
+def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    """DDP over the data-parallel ranks: bucketed all-reduces overlapped with backward,
+    gradients as views of the buckets (no copy). The weights are identical by construction,
+    so no initial broadcast.
+
+    Only for plain data parallelism: DDP does not take DTensor (tensor-parallel) weights,
+    and under a pipeline schedule its bucket rebuilding asserts after the first step's
+    several backward passes (torch 2.13); those layouts use :func:`allreduce_gradients`."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(
+        module,
+        process_group=dp_mesh.get_group(),
+        broadcast_buffers=False,
+        gradient_as_bucket_view=True,
+        init_sync=False,
+    )
+
+
+@contextlib.contextmanager
+def no_gradient_sync(module: nn.Module) -> Iterator[None]:
+    """Accumulate gradients inside without the data-parallel reduction (DDP's ``no_sync``,
+    FSDP2's ``set_requires_gradient_sync(False)``); the next backward outside reduces."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        with module.no_sync():
+            yield
+    elif isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    else:
+        yield
 
 
 def allreduce_gradients(
     params: list[torch.Tensor], group: dist.ProcessGroup, bucket_bytes: int = 64 * 2**20
 ) -> None:
-    """Average gradients over ``group`` (DDP's result, without its overlap with backward):
-    gradients are packed into flat buckets so a few large all-reduces replace many small."""
+    """Average gradients over ``group`` after backward: DDP's result for the tensor-parallel
+    layouts DDP cannot wrap. Gradients are packed into flat buckets so a few large
+    all-reduces replace many small."""
     world = dist.get_world_size(group)
     grads = [_local(p.grad) for p in params if p.grad is not None]
     for bucket in _buckets(grads, bucket_bytes):

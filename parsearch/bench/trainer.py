@@ -31,12 +31,13 @@ from parsearch.bench.parallelize import (
     SCHEDULES,
     align_gradients,
     allreduce_gradients,
+    apply_ddp,
     apply_fsdp,
     apply_recompute,
     apply_tp,
     build_schedule,
     make_loss,
-    set_gradient_sync,
+    no_gradient_sync,
     split_stage,
     stage_ids,
     sum_tied_embedding_grads,
@@ -145,20 +146,22 @@ class ParallelJob:
             whole = Transformer(model)
         num_stages = layout.pp * layout.vpp
         self.ids = stage_ids(layout, self.mesh["pp"].get_local_rank())
-        self.modules: list[Transformer] = [
+        self.stages: list[Transformer] = [
             split_stage(whole, i, num_stages) if num_stages > 1 else whole for i in self.ids
         ]
-        for module in self.modules:
-            apply_tp(
-                module,
-                self.mesh["tp"],
-                layout.sequence_parallel,
-            )
-            materialize(module, device, spec.seed)
-            apply_recompute(module, layout.recompute)
+        for stage in self.stages:
+            apply_tp(stage, self.mesh["tp"], layout.sequence_parallel)
+            materialize(stage, device, spec.seed)
+            apply_recompute(stage, layout.recompute)
             if layout.zero_stage:
-                apply_fsdp(module, self.mesh["dp"], layout.zero_stage, self.param_dtype)
-        self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
+                apply_fsdp(stage, self.mesh["dp"], layout.zero_stage, self.param_dtype)
+        # What runs forward: the stages, or their DDP wrappers.
+        self.modules: list[nn.Module] = list(self.stages)
+        plain_dp = layout.dp > 1 and layout.zero_stage == 0
+        self.manual_dp = plain_dp and (layout.tp > 1 or layout.pp > 1)
+        if plain_dp and not self.manual_dp:
+            self.modules = [apply_ddp(self.stages[0], self.mesh["dp"])]
+        self.params = list({id(p): p for m in self.stages for p in m.parameters()}.values())
         self.optimizer = torch.optim.AdamW(
             _groups_by_mesh(self.params),
             lr=settings.lr,
@@ -215,18 +218,20 @@ class ParallelJob:
         else:
             inputs = self.inputs.chunk(layout.gas)
             targets = self.targets.chunk(layout.gas)
+            model = self.modules[0]
             for index, (x, y) in enumerate(zip(inputs, targets, strict=True)):
-                if layout.zero_stage == 1:
-                    set_gradient_sync(self.modules, index == layout.gas - 1)
-                with self.autocast():
-                    loss = self._loss(self.modules[0](x), y)
-                (loss / layout.gas).backward()
+                # ZeRO-2/3 reduce-scatter every micro-batch; DDP and ZeRO-1 the last only.
+                accumulate = index < layout.gas - 1 and layout.zero_stage in (0, 1)
+                with no_gradient_sync(model) if accumulate else contextlib.nullcontext():
+                    with self.autocast():
+                        loss = self._loss(model(x), y)
+                    (loss / layout.gas).backward()
                 total = total + loss.detach().float()
         align_gradients(self.params)
-        if layout.dp > 1 and layout.zero_stage == 0:
+        if self.manual_dp:
             allreduce_gradients(self.params, self.mesh["dp"].get_group())
         if self.tied_group is not None:
-            sum_tied_embedding_grads(self.modules, self.tied_group)
+            sum_tied_embedding_grads(self.stages, self.tied_group)
         self.optimizer.step()
         owns_loss = self.last and self.mesh["tp"].get_local_rank() == 0
         return total / (layout.gas * layout.dp) if owns_loss else torch.zeros_like(total)
