@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -72,17 +73,20 @@ def trial(spec: TrialSpec, prefork: bool = True) -> tuple[TrialResult, float]:
 def step_time_against_plain(args: argparse.Namespace) -> None:
     spec = make_spec(args, 1, args.batch, "one-rank")
     began = time.perf_counter()
-    result, _ = trial(spec)
+    trial(spec)
     print(f"first trial (starts the fork server): {time.perf_counter() - began:.2f} s")
     torch.set_num_threads(1)
-    _, times = plain_training(spec, WARMUP + args.steps)
-    plain = statistics.median(times[WARMUP:])
-    ours = result.metrics["step_time_s"]
-    print(
-        f"step time, {spec.layout.global_batch}x{spec.model.seq_length} tokens: "
-        f"trainer {ours * 1e3:.1f} ms, plain loop {plain * 1e3:.1f} ms, "
-        f"ratio {ours / plain:.2f}"
-    )
+    ratios = []
+    for _ in range(args.repeat):
+        ours = trial(spec)[0].metrics["step_time_s"]
+        plain = statistics.median(plain_training(spec, WARMUP + args.steps)[1][WARMUP:])
+        ratios.append(ours / plain)
+        print(
+            f"step time, {spec.layout.global_batch}x{spec.model.seq_length} tokens: "
+            f"trainer {ours * 1e3:.1f} ms, plain loop {plain * 1e3:.1f} ms, "
+            f"ratio {ratios[-1]:.2f}"
+        )
+    print(f"trainer/plain step time: median {statistics.median(ratios):.2f}")
 
 
 def fixed_costs(args: argparse.Namespace) -> None:
@@ -110,16 +114,21 @@ def fixed_costs(args: argparse.Namespace) -> None:
 
 
 def data_parallel_efficiency(args: argparse.Namespace) -> None:
-    together, _ = trial(make_spec(args, 2, args.batch, "dp2"))
+    """Alternate the two measurements ``repeat`` times: other load on the machine hits
+    synchronous data parallelism harder than independent runs, so one pair proves little."""
     half = make_spec(args, 1, args.batch // 2, "half")
-    with ThreadPoolExecutor(2) as pool:
-        alone = list(pool.map(trial, [half, half]))
-    independent = sum(result.metrics["tokens_per_s"] for result, _ in alone)
-    ours = together.metrics["tokens_per_s"]
-    print(
-        f"dp=2: {ours:.0f} tokens/s; two independent one-rank runs: {independent:.0f} "
-        f"tokens/s; ratio {ours / independent:.2f}"
-    )
+    ratios = []
+    for _ in range(args.repeat):
+        together, _ = trial(make_spec(args, 2, args.batch, "dp2"))
+        with ThreadPoolExecutor(2) as pool:
+            alone = list(pool.map(trial, [half, half]))
+        independent = sum(result.metrics["tokens_per_s"] for result, _ in alone)
+        ratios.append(together.metrics["tokens_per_s"] / independent)
+        print(
+            f"dp=2: {together.metrics['tokens_per_s']:.0f} tokens/s; two independent "
+            f"one-rank runs: {independent:.0f} tokens/s; ratio {ratios[-1]:.2f}"
+        )
+    print(f"dp=2 efficiency: median {statistics.median(ratios):.2f}, best {max(ratios):.2f}")
 
 
 def main() -> None:
@@ -129,7 +138,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     parser.add_argument("--repeat", type=int, default=3, help="trials per fixed-cost figure")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s) available")
+    load = os.getloadavg()[0]
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f} "
+        "(other work on the machine makes every figure worse, data parallelism most)"
+    )
     step_time_against_plain(args)
     fixed_costs(args)
     data_parallel_efficiency(args)
