@@ -96,7 +96,8 @@ def test_trainer_settings_validate():
     with pytest.raises(TrainerError, match="schedule"):
         TrainerSettings.from_spec(tiny_spec(trainer={"schedule": "zigzag"}))
     with pytest.raises(TrainerError, match="warmup_steps"):
-        TrainerSettings.from_spec(tiny_spec(trainer={"warmup_steps": 0}))
+        TrainerSettings.from_spec(tiny_spec(trainer={"warmup_steps": -1}))
+    assert TrainerSettings.from_spec(tiny_spec(trainer={"timeout": 60})).steps == 3
     enforced = tiny_spec(trainer={"enforce_memory_cap": True})
     assert TrainerSettings.from_spec(enforced).memory_cap(enforced) == 2**30
     capped = tiny_spec(trainer={"memory_cap_bytes": 123})

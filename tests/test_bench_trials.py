@@ -95,3 +95,12 @@ def test_exception_in_one_rank_is_an_error_with_its_traceback(tmp_path):
     assert "Traceback" in result.log_tail
     assert "RuntimeError: injected failure in rank 1" in result.log_tail
     assert child_pids_alive(run.pids) == []
+
+
+def test_without_warm_up_every_step_is_measured(tmp_path):
+    result = run_trial(tiny_spec(trainer={"warmup_steps": 0, "steps": 2}), tmp_path)
+    assert result.ok, result.error
+    m = result.metrics
+    assert len(m["losses"]) == len(m["step_times_s"]) == 2
+    assert m["step_time_s"] == pytest.approx(sum(m["step_times_s"]) / 2)
+    assert m["peak_mem_bytes"] > 0

@@ -57,7 +57,9 @@ class TrainerSettings:
     ``device``/``precision`` default to ``auto``: CUDA with bf16 autocast and NCCL when a GPU
     is visible, else CPU with fp32 and gloo. ``memory_cap_bytes`` turns a measured peak above
     it into an ``oom`` result (the memory wall of a CPU rehearsal); ``enforce_memory_cap``
-    uses ``allocation.device_memory_bytes`` as the cap.
+    uses ``allocation.device_memory_bytes`` as the cap. On CPU the memory of the last
+    warm-up step is traced (the first measured step if ``warmup_steps`` is 0, whose time then
+    includes the tracer's overhead). ``kind`` and ``timeout`` belong to the driver.
     """
 
     steps: int = 5
@@ -73,7 +75,7 @@ class TrainerSettings:
     @classmethod
     def from_spec(cls, spec: TrialSpec) -> TrainerSettings:
         known = {f.name for f in fields(cls)}
-        options = {k: v for k, v in spec.trainer.items() if k != "kind"}
+        options = {k: v for k, v in spec.trainer.items() if k not in ("kind", "timeout")}
         unknown = sorted(set(options) - known)
         if unknown:
             print(
@@ -82,10 +84,10 @@ class TrainerSettings:
                 file=sys.stderr,
             )
         settings = cls(**{k: v for k, v in options.items() if k in known})
-        if settings.steps < 1 or settings.warmup_steps < 1:
+        if settings.steps < 1 or settings.warmup_steps < 0:
             raise TrainerError(
-                "trainer.steps and trainer.warmup_steps must be >= 1 (the last warm-up step is "
-                f"the one whose memory is traced); got {settings.steps}, {settings.warmup_steps}"
+                "trainer.steps must be >= 1 and trainer.warmup_steps >= 0; got "
+                f"{settings.steps}, {settings.warmup_steps}"
             )
         if settings.schedule not in SCHEDULES:
             raise TrainerError(f"trainer.schedule must be one of {list(SCHEDULES)}")
@@ -320,7 +322,7 @@ def train(
     run.peak.reset()
     reset_peak_rss()
     for index in range(settings.warmup_steps + settings.steps):
-        traced = index == settings.warmup_steps - 1
+        traced = index == max(settings.warmup_steps - 1, 0)
         dist.barrier()
         _synchronize(device)
         start = time.perf_counter()
