@@ -38,10 +38,9 @@ def space_file(tmp_path_factory):
     return path
 
 
-def _spec(space, layout, trial_id, timeout_s=120.0):
-    return TrialSpec(
-        trial_id, space.model, layout, space.allocation, space.trainer, timeout_s=timeout_s
-    )
+def _spec(space, layout, trial_id, timeout_s=120.0, steps=None):
+    trainer = dict(space.trainer, **({"steps": steps} if steps else {}))
+    return TrialSpec(trial_id, space.model, layout, space.allocation, trainer, timeout_s=timeout_s)
 
 
 def _wait(backend, count, timeout_s=180):
@@ -62,12 +61,12 @@ def _alive(pid):
 
 def test_concurrent_trials_failures_and_cancel(space_file, tmp_path):
     space = load_space(space_file)
-    layouts = [layout for layout, _ in space.plan().feasible]
+    layouts = [layout for layout, _ in space.plan().feasible if layout.pp == 1]
     backend = create_backend("local", space, slots=2, options={"workdir": str(tmp_path)})
     try:
         assert backend.capacity == backend.free_slots() == 2
         assert backend.submit(_spec(space, layouts[0], "a")) == [os.uname().nodename]
-        backend.submit(_spec(space, layouts[1], "b", timeout_s=0.5))  # cannot even import torch
+        backend.submit(_spec(space, layouts[1], "b", timeout_s=2.0, steps=100_000))
         assert backend.free_slots() == 0
         with pytest.raises(BackendError, match="busy"):
             backend.submit(_spec(space, layouts[2], "c"))
@@ -77,7 +76,7 @@ def test_concurrent_trials_failures_and_cancel(space_file, tmp_path):
         assert results["b"].status is TrialState.TIMEOUT
         assert (tmp_path / "a" / "rank1.log").exists(), "workdir keeps the logs"
 
-        backend.submit(_spec(space, layouts[2], "c"))
+        backend.submit(_spec(space, layouts[2], "c", steps=100_000))
         time.sleep(0.5)
         pids = [rank.pid for rank in backend._running["c"].runs[0].ranks]
         backend.cancel("c")
@@ -87,36 +86,51 @@ def test_concurrent_trials_failures_and_cancel(space_file, tmp_path):
         backend.close()
 
 
-def _children(pid):
-    found = []
+def _descendants(pid):
+    """Every live process started, directly or not, by ``pid``."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
     return found
 
 
 @pytest.mark.e2e
-def test_a_killed_driver_takes_its_trial_ranks_with_it(space_file, tmp_path):
+def test_a_killed_driver_takes_its_trial_ranks_with_it(tmp_path):
+    """A trial that would train for a minute; the driver is killed once its ranks train."""
+    long_trial = {**TINY_SPACE, "trainer": {**TINY_SPACE["trainer"], "steps": 5000}}
+    space_file = tmp_path / "long.yaml"
+    space_file.write_text(yaml.safe_dump(long_trial))
+    db = tmp_path / "c.db"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store",
-         str(tmp_path / "c.db"), "--budget", "2", "--quiet"],
+        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store", str(db),
+         "--budget", "1", "--quiet", "--backend-opt", f"workdir={tmp_path / 'trials'}"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while len(ranks := _children(driver.pid)) < 2:
+    logs = tmp_path / "trials"
+    while len(list(logs.glob("*/rank*.log"))) < 2:
         assert driver.poll() is None and time.monotonic() < deadline, "no trial started"
-        time.sleep(0.1)
+        time.sleep(0.2)
+    time.sleep(2.0)  # into the trial's training steps
+    started = _descendants(driver.pid)
+    assert started, "the trial's processes descend from the driver"
     driver.kill()
     driver.wait()
-    deadline = time.monotonic() + 3  # the trial itself would run for several seconds more
-    while any(_alive(pid) for pid in ranks):
-        assert time.monotonic() < deadline, "trial ranks outlived their driver"
-        time.sleep(0.1)
+    deadline = time.monotonic() + 10  # the trial would train for far longer than this
+    while alive := [pid for pid in started if _alive(pid)]:
+        assert time.monotonic() < deadline, f"processes {alive} outlived their driver"
+        time.sleep(0.2)
 
 
 @pytest.mark.e2e

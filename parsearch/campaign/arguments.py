@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from parsearch.backends import BACKENDS
-from parsearch.errors import ParsearchError
 from parsearch.units import parse_bytes
 
 
@@ -30,8 +29,8 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="backend setting, repeatable (simulate: delay, noise, mem_factor, mem_offset, "
-        f"seed, fail_rate; local: workdir, grace){keep}",
+        help="backend setting, repeatable, e.g. simulate: delay=0.5, mem_factor=1.2; local: "
+        f"workdir=DIR (an unknown key is refused with the valid ones){keep}",
     )
     parser.add_argument(
         "--slots", type=int, help=f"trials running at once (default: the backend's){keep}"
@@ -78,9 +77,3 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-class UsageError(ParsearchError):
-    """Options that cannot go together."""
-
-    exit_code = 2

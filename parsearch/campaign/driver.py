@@ -15,6 +15,7 @@ strategy all of them at once. Invariants:
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -93,6 +94,8 @@ class Driver:
         self.interrupted = 0
         self._started = time.monotonic()
         self._finished_here = 0
+        # Trial ids name work directories: unique across campaigns and attempts, path-safe.
+        self._slug = re.sub(r"[^A-Za-z0-9._-]+", "_", campaign.name)
 
     def run(self, history: Iterable[TrialRecord] = ()) -> Outcome:
         """Drive the campaign; ``history`` is what the store holds already (on resume).
@@ -167,7 +170,7 @@ class Driver:
 
     def _launch(self, record: TrialRecord) -> None:
         spec = TrialSpec(
-            trial_id=f"trial-{record.number:05d}",
+            trial_id=f"{self._slug}-{record.number:05d}-a{record.attempt + 1}",
             model=self.space.model,
             layout=record.layout,
             allocation=self.space.allocation,
