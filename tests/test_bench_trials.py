@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from bench_helpers import child_pids_alive, fault_command, tiny_spec
@@ -104,3 +105,32 @@ def test_without_warm_up_every_step_is_measured(tmp_path):
     assert len(m["losses"]) == len(m["step_times_s"]) == 2
     assert m["step_time_s"] == pytest.approx(sum(m["step_times_s"]) / 2)
     assert m["peak_mem_bytes"] > 0
+
+
+def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
+    """A worker killed with SIGKILL cannot clean up: its fork server exits, and the ranks it
+    forked are SIGKILLed by the kernel (``PR_SET_PDEATHSIG``)."""
+    spec = tiny_spec(1, 1, 2, trainer={"steps": 10**6})
+    (tmp_path / "trial.json").write_text(spec.to_json())
+    worker = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from parsearch.agent import NodeRun, free_port\n"
+        "from parsearch.trial import TrialSpec\n"
+        "d = Path(sys.argv[1])\n"
+        "spec = TrialSpec.from_json((d / 'trial.json').read_text())\n"
+        "run = NodeRun(spec, 0, 1, '127.0.0.1', free_port(), d / 'trial').start()\n"
+        "print(*run.pids, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", worker, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    pids = [int(pid) for pid in process.stdout.readline().split()]
+    assert len(pids) == 2 and child_pids_alive(pids) == pids
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    while child_pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert child_pids_alive(pids) == []

@@ -3,13 +3,20 @@ imported torch.
 
 Importing torch and its distributed libraries costs a rank 2-3 s of CPU, which on a small
 node is most of a short trial (four ranks on two cores: over 5 s). The node agent therefore
-starts the built-in trainer's ranks through :mod:`multiprocessing`'s fork server, preloaded
-with the trainer: the server pays the imports once per agent process, each rank is a fork
-of it (milliseconds), then behaves exactly as ``python -m parsearch.bench``: its own session
-(so the agent can kill its process group), stdout and stderr to its log file, the agent's
-environment, the trial directory as working directory. It asks to be SIGKILLed if the fork
-server dies, and the server exits when the process that started it does, so a worker that
-dies takes its trial's ranks with it.
+starts the built-in trainer's ranks through a fork server, one per agent process, that has
+imported the trainer once. Each rank is a fork of it (milliseconds) that then behaves
+exactly as ``python -m parsearch.bench`` started by the agent: its own session (the agent
+kills its process group), stdout and stderr to its log file, the agent's environment, the
+trial directory as working directory.
+
+Lifetime: the server reads requests on its stdin, whose only writer is the agent's process;
+when that process ends (even by SIGKILL) the server sees end-of-file and exits, and every
+rank it forked is SIGKILLed by the kernel (``PR_SET_PDEATHSIG``, which the single-threaded
+server can safely be the parent for), so a worker that dies takes its trial's ranks with
+it. The server reaps its ranks and reports each exit code.
+
+Protocol (one JSON object per line): request ``{"id", "env", "log", "cwd", "argv"}``,
+replies ``{"id", "pid"}`` when forked and ``{"pid", "exit"}`` when a rank has ended.
 
 CUDA is never initialised in the server (importing torch does not), so forked ranks may use
 GPUs. Custom commands (the command trainer, guarded commands) are never forked.
@@ -18,12 +25,14 @@ GPUs. Custom commands (the command trainer, guarded commands) are never forked.
 from __future__ import annotations
 
 import contextlib
-import functools
-import multiprocessing
+import json
 import os
+import select
 import signal
+import subprocess
 import sys
-from multiprocessing.context import BaseContext
+import threading
+import traceback
 from pathlib import Path
 
 PRELOAD = (
@@ -32,68 +41,192 @@ PRELOAD = (
     "torch.distributed._tools.mem_tracker",
 )
 PR_SET_PDEATHSIG = 1
-
-
-@functools.cache
-def _context() -> BaseContext:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
-    return context
+KILLED_WITH_SERVER = -int(signal.SIGKILL)
 
 
 def available() -> bool:
-    """Forking needs Linux (``PR_SET_PDEATHSIG``, ``/proc``) and the fork server."""
-    return (
-        sys.platform.startswith("linux") and "forkserver" in multiprocessing.get_all_start_methods()
-    )
+    """Forking needs Linux (``fork``, ``PR_SET_PDEATHSIG``)."""
+    return sys.platform.startswith("linux")
+
+
+class ForkServer:
+    """The agent's side: starts the server on first use, sends requests, and a reader
+    thread collects the pids and exit codes it reports."""
+
+    _instance: ForkServer | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> ForkServer:
+        """This process's server, started (again, if the last one died) on demand."""
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance.dead:
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "from parsearch.bench.prefork import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        self._changed = threading.Condition()
+        self._pids: dict[int, int] = {}
+        self._exits: dict[int, int] = {}
+        self._next_id = 0
+        self.dead = False
+        threading.Thread(target=self._read, name="parsearch-fork-server", daemon=True).start()
+
+    def fork(self, env: dict[str, str], log: Path, cwd: Path, argv: list[str]) -> int:
+        """Fork a rank; its pid."""
+        with self._changed:
+            request_id = self._next_id
+            self._next_id += 1
+            request = {"id": request_id, "env": env, "log": str(log), "cwd": str(cwd)}
+            self._process.stdin.write(json.dumps(request | {"argv": argv}) + "\n")
+            self._process.stdin.flush()
+            while request_id not in self._pids:
+                if self.dead:
+                    raise OSError("the fork server died")
+                self._changed.wait()
+            return self._pids.pop(request_id)
+
+    def exit_code(self, pid: int) -> int | None:
+        """A rank's reported exit code; ``None`` while it runs (if the server died, every
+        rank it had not reported was killed with it)."""
+        with self._changed:
+            if pid in self._exits:
+                return self._exits[pid]
+            return KILLED_WITH_SERVER if self.dead else None
+
+    def wait(self, pid: int) -> int:
+        with self._changed:
+            while pid not in self._exits and not self.dead:
+                self._changed.wait()
+            return self._exits.pop(pid, KILLED_WITH_SERVER)
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            message = json.loads(line)
+            with self._changed:
+                if "exit" in message:
+                    self._exits[message["pid"]] = message["exit"]
+                else:
+                    self._pids[message["id"]] = message["pid"]
+                self._changed.notify_all()
+        self._process.wait()
+        with self._changed:  # the server is gone, and its ranks with it
+            self.dead = True
+            self._changed.notify_all()
 
 
 class ForkedRank:
     """A rank forked by the server; the same small interface as the agent's spawned ranks."""
 
     def __init__(self, env: dict[str, str], log: Path, cwd: Path, argv: list[str]) -> None:
-        self._process = _context().Process(
-            target=_run_rank, args=(env, str(log), str(cwd), argv), daemon=True
-        )
-        self._process.start()
-        self.pid: int = self._process.pid
+        self._server = ForkServer.get()
+        self.pid = self._server.fork(env, log, cwd, argv)
+        self._code: int | None = None
 
     def exit_code(self) -> int | None:
         """The exit code (negative: killed by that signal), ``None`` while it runs."""
-        return self._process.exitcode
+        if self._code is None:
+            self._code = self._server.exit_code(self.pid)
+        return self._code
 
     def signal(self, sig: int) -> None:
         """Signal the rank itself: it may not have made its own process group yet."""
-        if self._process.exitcode is None:
+        if self.exit_code() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
     def reap(self) -> int:
-        """Wait for the exit (the server reaps the process) and free the handle."""
-        self._process.join()
-        code = self._process.exitcode
-        self._process.close()
-        return code
+        if self._code is None:
+            self._code = self._server.wait(self.pid)
+        return self._code
 
 
-def _run_rank(env: dict[str, str], log: str, cwd: str, argv: list[str]) -> None:
-    """The forked rank: become ``python -m parsearch.bench`` as the agent would start it."""
-    server = os.getppid()
-    os.setsid()
-    _die_with_parent()
-    if os.getppid() != server:  # the server died before the request took effect
-        os._exit(128 + int(signal.SIGKILL))
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    sys.stdout.reconfigure(line_buffering=True)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    from parsearch.bench.__main__ import main
+def serve() -> None:
+    """The server: preload the trainer, then fork a rank per request until stdin closes.
 
-    raise SystemExit(main(argv))
+    Requests are read from the file descriptor with ``select`` and our own line buffer (a
+    buffered reader could hold a second request while ``select`` waits for more bytes)."""
+    for module in PRELOAD:
+        __import__(module)
+    replies = sys.stdout
+    pending = b""
+    while True:
+        _report_exits(replies)
+        if b"\n" not in pending:
+            ready, _, _ = select.select([0], [], [], 0.05)
+            if ready:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:  # the agent's process is gone: exit, the ranks die with us
+                    return
+                pending += chunk
+            continue
+        line, pending = pending.split(b"\n", 1)
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_rank(request)
+        replies.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+        replies.flush()
+
+
+def _report_exits(replies) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        replies.write(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+        replies.flush()
+
+
+def _run_rank(request: dict) -> None:
+    """In the forked child: become ``python -m parsearch.bench`` as the agent starts it."""
+    code = 1
+    try:
+        server = os.getppid()
+        os.setsid()
+        _die_with_parent()
+        if os.getppid() != server:  # the server died before the request took effect
+            os._exit(128 + int(signal.SIGKILL))
+        out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from parsearch.bench.__main__ import main
+
+        code = main(request["argv"])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+        if not isinstance(exit_.code, int) and exit_.code is not None:
+            print(exit_.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _die_with_parent() -> None:
