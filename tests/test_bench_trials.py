@@ -9,10 +9,12 @@ import sys
 import time
 
 import pytest
-from bench_helpers import child_pids_alive, fault_command, tiny_spec
+from bench_helpers import child_pids_alive, fault_command, one_thread, tiny_spec
 
 from parsearch.agent import NodeRun, free_port
 from parsearch.bench import run_trial
+from parsearch.bench.plain import plain_training
+from parsearch.estimate import EstimateSettings, memory_by_stage
 from parsearch.result import TrialResult, TrialState
 
 pytestmark = pytest.mark.multiprocess
@@ -134,3 +136,26 @@ def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
     while child_pids_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert child_pids_alive(pids) == []
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"pp": 2}, {"tp": 2, "sequence_parallel": True}, {"dp": 2, "zero_stage": 3}],
+    ids=["single", "pp2", "tp2-sp", "dp2-z3"],
+)
+def test_bf16_autocast_trains_and_meets_the_estimate(tmp_path, layout):
+    """bf16 autocast (the GPU default) on CPU: fp32 weights with bf16 copies kept for
+    backward, or FSDP2 gathering bf16 weights; the estimate for ``precision="bf16"``
+    within 15% of the measured peak, the losses near fp32's."""
+    spec = tiny_spec(**layout, trainer={"precision": "bf16"})
+    result = run_trial(spec, tmp_path)
+    assert result.ok, result.error
+    assert result.metrics["precision"] == "bf16"
+    with one_thread():
+        fp32 = plain_training(spec, 5)[0]
+    assert result.metrics["losses"] == pytest.approx(fp32, abs=0.02)
+    settings = EstimateSettings(precision="bf16", framework="torch")
+    stages = memory_by_stage(spec.model, spec.layout, settings)
+    for rank, measured in enumerate(result.metrics["peak_mem_bytes_per_rank"]):
+        stage = (rank // spec.layout.tp) % spec.layout.pp
+        assert stages[stage].total == pytest.approx(measured, rel=0.15)
