@@ -3,16 +3,18 @@
 Every backend (local, MPI, Ray) runs trials through this module, so a trial that runs out of
 memory, hangs or crashes only ever kills its own processes, never a worker:
 
-* each rank is a subprocess in its own session (``start_new_session=True``), so killing its
-  process group also kills anything it started;
+* each rank is a process in its own session, so killing its process group also kills
+  anything it started. The built-in trainer's ranks (the default command, unchanged) are
+  forked from a server that has imported torch already (:mod:`parsearch.bench.prefork`:
+  milliseconds instead of seconds a rank); any other command is started as a new program;
 * its stdout and stderr go to ``<trial_dir>/rank<N>.log``, never to a pipe that could fill up
   and block it; only a bounded tail of a log is ever read back;
 * ``spec.timeout_s`` is enforced; when one rank fails the others get ``grace_s`` seconds to
   finish or fail on their own (their logs then say why), then are killed, because a rank
   whose peer died may wait in a collective forever;
-* exits are observed with ``waitid(WNOWAIT)``, which leaves the rank a zombie until its
-  process group has been killed, so the group id can never be reused by an unrelated process
-  before we signal it.
+* a started program's exit is observed with ``waitid(WNOWAIT)``, which leaves it a zombie
+  until its process group has been killed, so the group id cannot be reused by an unrelated
+  process before we signal it (forked ranks are reaped by their server, which reports).
 
 :class:`NodeRun` is the non-blocking form (``start``/``poll``/``kill``) the backends use;
 :func:`run_node` the blocking one, and :func:`run_local` runs every node of a trial on this
