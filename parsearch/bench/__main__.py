@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from parsearch.bench.env import RankEnv
@@ -62,10 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_and_exit(argv: list[str] | None = None) -> None:
+    """Run :func:`main` and leave at once with its status, skipping the interpreter's
+    teardown of torch (0.5-1 s a rank on a small CPU; after a failure, communicator
+    destructors that could wait for peers stuck in a collective)."""
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    code = main()
-    # Everything is written and the process group is gone: skip the interpreter's teardown
-    # of torch (0.5-1 s a rank on a small CPU), as a forked rank does.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    run_and_exit()

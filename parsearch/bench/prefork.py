@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 from pathlib import Path
 
 PRELOAD = (
@@ -175,7 +174,10 @@ def serve() -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _run_rank(request)
+            try:
+                _run_rank(request)  # leaves through os._exit
+            finally:
+                os._exit(1)  # the child must never return to the server's loop
         replies.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
         replies.flush()
 
@@ -194,39 +196,25 @@ def _report_exits(replies) -> None:
 
 def _run_rank(request: dict) -> None:
     """In the forked child: become ``python -m parsearch.bench`` as the agent starts it."""
-    code = 1
-    try:
-        server = os.getppid()
-        os.setsid()
-        _die_with_parent()
-        if os.getppid() != server:  # the server died before the request took effect
-            os._exit(128 + int(signal.SIGKILL))
-        out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        from parsearch.bench.__main__ import main
+    server = os.getppid()
+    os.setsid()
+    _die_with_parent()
+    if os.getppid() != server:  # the server died before the request took effect
+        os._exit(128 + int(signal.SIGKILL))
+    out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    for source, target in ((devnull, 0), (out, 1), (out, 2)):
+        os.dup2(source, target)
+    os.close(out)
+    os.close(devnull)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    from parsearch.bench.__main__ import run_and_exit
 
-        code = main(request["argv"])
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-        if not isinstance(exit_.code, int) and exit_.code is not None:
-            print(exit_.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    run_and_exit(request["argv"])
 
 
 def _die_with_parent() -> None:

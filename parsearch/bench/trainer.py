@@ -288,10 +288,10 @@ def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Itera
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    yield
+    # Not on an exception: a peer may be stuck in a collective with us, and the destroy
+    # could wait for it; the failing process exits anyway.
+    dist.destroy_process_group()
 
 
 @dataclass
