@@ -159,3 +159,10 @@ def test_bf16_autocast_trains_and_meets_the_estimate(tmp_path, layout):
     for rank, measured in enumerate(result.metrics["peak_mem_bytes_per_rank"]):
         stage = (rank // spec.layout.tp) % spec.layout.pp
         assert stages[stage].total == pytest.approx(measured, rel=0.15)
+
+
+def test_a_forked_rank_that_raises_reports_its_traceback(tmp_path):
+    result = run_trial(tiny_spec(1, 1, 2, trainer={"schedule": "zigzag"}), tmp_path)
+    assert result.status is TrialState.ERROR
+    assert result.error.endswith("exited with code 1")
+    assert "TrainerError: trainer.schedule must be one of" in result.log_tail
