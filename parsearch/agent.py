@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -62,14 +63,35 @@ TAIL_LINES = 200
 OK_TAIL_BYTES = 4 * 1024
 SPEC_FILE = "spec.json"
 RESULT_FILE = "result.json"
+RENDEZVOUS_ATTEMPTS = 3
 
 
 def free_port(host: str = "") -> int:
-    """A TCP port that was free a moment ago (for a rendezvous: bind it soon)."""
+    """A TCP port that was free a moment ago (for a rendezvous: bind it soon).
+
+    Drawn at random below the kernel's ephemeral range when it can be: a port the kernel
+    handed out itself is soon handed out again to the next outgoing connection (a busy node
+    makes thousands for its trials' collectives), and the rendezvous then fails with
+    EADDRINUSE."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(10000, low) if low > 10000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def read_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str:
@@ -448,7 +470,26 @@ def run_local(
 ) -> TrialResult:
     """Run every node of ``spec`` on this machine (one :class:`NodeRun` each, one rendezvous
     on 127.0.0.1). When one node fails the others are killed. Without ``trial_dir`` the logs
-    go to a temporary directory that is removed afterwards (the result keeps their tail)."""
+    go to a temporary directory that is removed afterwards (the result keeps their tail).
+    A rendezvous port taken in the meantime (EADDRINUSE) is retried on another port."""
+    for _ in range(RENDEZVOUS_ATTEMPTS):
+        result = _run_local_once(spec, trial_dir, command, env, prefork)
+        if not _port_was_taken(result):
+            break
+    return result
+
+
+def _port_was_taken(result: TrialResult) -> bool:
+    return not result.ok and "EADDRINUSE" in result.log_tail
+
+
+def _run_local_once(
+    spec: TrialSpec,
+    trial_dir: Path | None,
+    command: list[str] | None,
+    env: dict[str, str] | None,
+    prefork: bool,
+) -> TrialResult:
     with contextlib.ExitStack() as stack:
         if trial_dir is None:
             trial_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parsearch-")))

@@ -220,6 +220,20 @@ def test_run_local_fails_fast_when_one_node_fails(tmp_path):
     assert all(_cmdline(pid).find("node 1 broke") < 0 for pid in left)
 
 
+def test_run_local_retries_a_rendezvous_port_taken_meanwhile(tmp_path):
+    code = (
+        "import os, sys\n"
+        "first = not os.path.exists('tried')\n"
+        "open('tried', 'a').close()\n"
+        "if first:\n"
+        "    sys.exit('DistNetworkError: ... code: -98, name: EADDRINUSE')\n"
+        "print('port', os.environ['MASTER_PORT'])"
+    )
+    result = run_local(make_spec(world=1), tmp_path, py(code))
+    assert result.ok, result.error
+    assert "port" in result.log_tail
+
+
 def test_free_port_can_be_bound():
     port = free_port()
     with socket.socket() as sock:
