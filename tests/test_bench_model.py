@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from parsearch.bench.env import RankEnv
 from parsearch.bench.model import Transformer, loss_fn, materialize
-from parsearch.bench.parallelize import apply_recompute, split_stage
+from parsearch.bench.parallelize import apply_recompute, schedule_used, split_stage
 from parsearch.bench.plain import plain_training
 from parsearch.bench.trainer import TrainerSettings, synthetic_batch
 from parsearch.errors import TrainerError
@@ -89,6 +89,19 @@ def test_flops_match_torch_flop_counter(model, recompute):
         m = spec.model
         counted -= 2 * tokens_per_step * m.ffn * m.hidden_size * m.num_layers
     assert counter.get_total_flops() == pytest.approx(counted, rel=0.01)
+
+
+def test_schedule_used():
+    def used(requested="1f1b", **layout):
+        return schedule_used(tiny_spec(**layout).layout, requested)
+
+    assert used() is None
+    assert used(pp=2) == "1f1b"
+    assert used("gpipe", pp=2) == "gpipe"
+    assert used(pp=2, vpp=2) == "interleaved1f1b"
+    assert used(pp=4, gas=2) == "gpipe"  # torch's 1F1B needs gas >= pp
+    with pytest.raises(TrainerError, match="schedule"):
+        used("zigzag", pp=2)
 
 
 def test_trainer_settings_validate():

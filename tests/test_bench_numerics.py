@@ -32,6 +32,7 @@ LAUNCHES = {
         tiny_spec(1, 2),
         tiny_spec(1, 2, trainer=GPIPE),
         tiny_spec(1, 2, vpp=2),
+        tiny_spec(1, 2, gas=1),  # fewer micro-batches than stages: 1F1B runs as GPipe
     ],
     (1, 1, 2): [
         tiny_spec(1, 1, 2),
@@ -138,7 +139,7 @@ def test_memory_estimate_meets_measurement(key, launched):
     settings = EstimateSettings(precision="fp32", framework="torch")
     for spec, result in launched(key):
         layout = spec.layout
-        schedule = "gpipe" if spec.trainer.get("schedule") == "gpipe" else "1f1b"
+        schedule = "gpipe" if result.metrics["schedule"] == "gpipe" else "1f1b"
         stages = memory_by_stage(spec.model, layout, settings, schedule)
         for rank, measured in enumerate(result.metrics["peak_mem_bytes_per_rank"]):
             stage = (rank // layout.tp) % layout.pp

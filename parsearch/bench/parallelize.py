@@ -339,18 +339,33 @@ def build_schedule(
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     schedule: str,
 ):
-    """Wrap this rank's stage modules in ``PipelineStage``s and their schedule:
-    interleaved 1F1B when there are virtual stages, else 1F1B or GPipe. ``layout.gas``
-    micro-batches; the schedule divides gradients by it (``scale_grads``), matching a loss
-    that is the mean over each micro-batch."""
-    if schedule not in SCHEDULES:
-        raise TrainerError(f"trainer.schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    """Wrap this rank's stage modules in ``PipelineStage``s and the schedule
+    :func:`schedule_used` names. ``layout.gas`` micro-batches; the schedule divides
+    gradients by it (``scale_grads``), matching a loss that is the mean over each
+    micro-batch."""
     num_stages = layout.pp * layout.vpp
     stages = [
         PipelineStage(module, stage_id, num_stages, device, group=pp_group)
         for module, stage_id in zip(modules, ids, strict=True)
     ]
-    if layout.vpp > 1:
+    name = schedule_used(layout, schedule)
+    if name == "interleaved1f1b":
         return ScheduleInterleaved1F1B(stages, layout.gas, loss_fn=loss)
-    cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
+    cls = Schedule1F1B if name == "1f1b" else ScheduleGPipe
     return cls(stages[0], layout.gas, loss_fn=loss)
+
+
+def schedule_used(layout: ParallelLayout, requested: str) -> str | None:
+    """The pipeline schedule a layout runs: none without pipelining, interleaved 1F1B with
+    virtual stages, else the requested one, except that 1F1B with fewer micro-batches than
+    stages (which torch refuses) is GPipe: with no steady state the two are the same
+    sequence (every forward, then every backward)."""
+    if requested not in SCHEDULES:
+        raise TrainerError(f"trainer.schedule must be one of {list(SCHEDULES)}, got {requested!r}")
+    if layout.pp == 1:
+        return None
+    if layout.vpp > 1:
+        return "interleaved1f1b"
+    if requested == "1f1b" and layout.gas < layout.pp:
+        return "gpipe"
+    return requested

@@ -38,6 +38,7 @@ from parsearch.bench.parallelize import (
     build_schedule,
     make_loss,
     no_gradient_sync,
+    schedule_used,
     split_stage,
     stage_ids,
     sum_tied_embedding_grads,
@@ -372,9 +373,7 @@ def _report(
         "world_size": env.world_size,
         "device": device.type,
         "precision": resolve_precision(settings, device),
-        "schedule": ("interleaved1f1b" if layout.vpp > 1 else settings.schedule)
-        if layout.pp > 1
-        else None,
+        "schedule": schedule_used(layout, settings.schedule),
         "warmup_steps": settings.warmup_steps,
         "steps": settings.steps,
         "losses": step_losses,
