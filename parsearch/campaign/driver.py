@@ -9,7 +9,8 @@ strategy all of them at once. Invariants:
 * a trial is in the store (queued) before its backend starts it, and finished in the store
   before the strategy hears of it: a crash at any point loses at most running trials, which
   ``resume`` re-queues;
-* after the lease is lost, nothing more is written.
+* a driver whose lease was taken over stops at its next iteration (within ``poll_s``)
+  and writes nothing more: no drain, no interrupted marks, no campaign status.
 """
 
 from __future__ import annotations
