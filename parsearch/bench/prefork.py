@@ -15,8 +15,10 @@ rank it forked is SIGKILLed by the kernel (``PR_SET_PDEATHSIG``, which the singl
 server can safely be the parent for), so a worker that dies takes its trial's ranks with
 it. The server reaps its ranks and reports each exit code.
 
-Protocol (one JSON object per line): request ``{"id", "env", "log", "cwd", "argv"}``,
-replies ``{"id", "pid"}`` when forked and ``{"pid", "exit"}`` when a rank has ended.
+Protocol (one JSON object per line): the server announces ``{"ready"}`` (false if CUDA got
+initialised while importing: the agent then starts ranks as new programs); request
+``{"id", "env", "log", "cwd", "argv"}``, replies ``{"id", "pid"}`` when forked and
+``{"pid", "exit"}`` when a rank has ended.
 
 CUDA is never initialised in the server (importing torch does not), so forked ranks may use
 GPUs. Custom commands (the command trainer, guarded commands) are never forked.
@@ -44,8 +46,10 @@ KILLED_WITH_SERVER = -int(signal.SIGKILL)
 
 
 def available() -> bool:
-    """Forking needs Linux (``fork``, ``PR_SET_PDEATHSIG``)."""
-    return sys.platform.startswith("linux")
+    """Whether ranks can be forked: on Linux (``fork``, ``PR_SET_PDEATHSIG``), from a
+    server that came up without initialising CUDA (a CUDA context does not survive a fork).
+    Starts the server if needed and waits for it to be ready."""
+    return sys.platform.startswith("linux") and ForkServer.get().ready()
 
 
 class ForkServer:
@@ -67,6 +71,8 @@ class ForkServer:
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        # torch.cuda.is_available() through NVML, without creating a CUDA context.
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self._process = subprocess.Popen(
             [sys.executable, "-c", "from parsearch.bench.prefork import serve; serve()"],
             stdin=subprocess.PIPE,
@@ -79,8 +85,16 @@ class ForkServer:
         self._pids: dict[int, int] = {}
         self._exits: dict[int, int] = {}
         self._next_id = 0
+        self._usable: bool | None = None
         self.dead = False
         threading.Thread(target=self._read, name="parsearch-fork-server", daemon=True).start()
+
+    def ready(self) -> bool:
+        """Wait until the server has imported the trainer; whether it can fork ranks."""
+        with self._changed:
+            while self._usable is None and not self.dead:
+                self._changed.wait()
+            return bool(self._usable) and not self.dead
 
     def fork(self, env: dict[str, str], log: Path, cwd: Path, argv: list[str]) -> int:
         """Fork a rank; its pid."""
@@ -114,7 +128,9 @@ class ForkServer:
         for line in self._process.stdout:
             message = json.loads(line)
             with self._changed:
-                if "exit" in message:
+                if "ready" in message:
+                    self._usable = message["ready"]
+                elif "exit" in message:
                     self._exits[message["pid"]] = message["exit"]
                 else:
                     self._pids[message["id"]] = message["pid"]
@@ -158,7 +174,11 @@ def serve() -> None:
     buffered reader could hold a second request while ``select`` waits for more bytes)."""
     for module in PRELOAD:
         __import__(module)
+    import torch
+
     replies = sys.stdout
+    replies.write(json.dumps({"ready": not torch.cuda.is_initialized()}) + "\n")
+    replies.flush()
     pending = b""
     while True:
         _report_exits(replies)
