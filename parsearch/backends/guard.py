@@ -5,37 +5,41 @@ killed as a group without touching the worker. The other side of that: when the 
 itself dies (``kill -9`` of an MPI worker rank, a Ray actor killed or lost), nothing is left
 to kill the ranks, and a trial nobody watches keeps the node's devices busy for the rest of
 the campaign. The ``mpi`` and ``ray`` backends therefore start each rank through this file,
-run as a plain script (``python -S guard.py PARENT_PID COMMAND...``, fast: no site, no
-package import): it asks the kernel to SIGKILL it when its parent dies
-(``PR_SET_PDEATHSIG``) and then ``exec``s the rank's command, which keeps that request and
-the process id the agent knows. Linux only; elsewhere the command runs unguarded.
+run as a plain script (``python -S guard.py PARENT_PID COMMAND...``): it asks the kernel to
+SIGKILL it when its parent dies (``PR_SET_PDEATHSIG``) and then ``exec``s the rank's
+command, which keeps that request and the process id the agent knows. Linux only;
+elsewhere the command runs unguarded.
 
-A rank's own children are not covered (a launcher such as ``torchrun`` that is SIGKILLed
-leaves its workers); the built-in trainer starts none.
+Ranks the agent forks from its warm fork server (the built-in trainer, see
+:mod:`parsearch.bench.prefork`) need no guard: they die with the server, which exits with
+this process; guarding them would only cost them the warm start.
+
+It costs one more interpreter start per spawned rank, so as a script it imports nothing
+beyond ``os`` and ``sys`` (``typing`` alone took 10-60 ms here). A rank's own children are
+not covered (a launcher such as ``torchrun`` that is SIGKILLed leaves its workers).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if __name__ != "__main__":  # as a module only: the script must start fast
     from parsearch.agent import NodeRun
 
 PR_SET_PDEATHSIG = 1
+SIGKILL = 9  # not signal.SIGKILL: importing signal imports enum
 
 
 def guarded(run: NodeRun) -> NodeRun:
-    """``run`` with every rank started through the guard; call before ``run.start()``.
+    """``run``, with ranks that die with this process (a driver or a worker, which must
+    outlive its ranks' start-up: never a short-lived thread); call before ``run.start()``.
 
     Only the command's prefix changes, so the agent's handling of a custom command (the
-    command trainer) is unaffected. The parent is this process, which must outlive its
-    ranks' start-up: the driver or a worker, never a short-lived thread."""
-    prefix = [sys.executable, "-S", str(Path(__file__).resolve()), str(os.getpid())]
-    run.command = prefix + run.command
+    command trainer) is unaffected."""
+    if not run._forks_builtin_trainer():
+        guard = [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())]
+        run.command = guard + run.command
     return run
 
 
@@ -44,9 +48,9 @@ def _exec_guarded(parent: int, command: list[str]) -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the worker died before the request took effect
-            os._exit(128 + int(signal.SIGKILL))
+            os._exit(128 + SIGKILL)
     os.execvp(command[0], command)
 
 

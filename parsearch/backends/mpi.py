@@ -69,6 +69,7 @@ from typing import Any
 
 from parsearch.backends import Finished, check_options
 from parsearch.backends.mpi_worker import (
+    BEAT_TAG,
     BYE,
     BYE_WAIT_S,
     CANCEL,
@@ -157,6 +158,7 @@ class _Node:
     host: str
     pid: int
     heard: float
+    round: int = 0  # the last ping round it answered
     trial: str | None = None
     lost: str | None = None
     lost_at: float = -math.inf
@@ -166,6 +168,7 @@ class _Node:
 class _Trial:
     spec: TrialSpec
     ranks: list[int]  # the worker rank of each node
+    submitted: float
     ordered: set[int] = field(default_factory=set)
     results: dict[int, TrialResult] = field(default_factory=dict)
 
@@ -181,6 +184,7 @@ class MPIBackend:
         self._comm = comm
         self._slots = slots
         self._box = Mailbox(comm)
+        self._beats = Mailbox(comm, BEAT_TAG)
         self._nodes = self._greet()
         self._local: NodeSlot | None = None
         if self._driver_works():
@@ -205,12 +209,12 @@ class MPIBackend:
         self._trials: dict[str, _Trial] = {}
         self._done: list[Finished] = []
         self._pinged = time.monotonic()
+        self._round = 0
         self._closed = False
-        self._usr1: list[float] = []
+        self._usr1: list[tuple[float, int]] = []  # (when, the ping round sent after it)
         self._usr1_previous: Any = None
         self._confirm_s = min(settings.lost_after_s, max(5 * settings.heartbeat_s, 5.0))
-        if threading.current_thread() is threading.main_thread():
-            self._usr1_previous = signal.signal(signal.SIGUSR1, self._on_usr1)
+        self._hold_usr1()
 
     def _greet(self) -> dict[int, _Node]:
         """Every worker's hello: its host and pid."""
@@ -250,6 +254,7 @@ class MPIBackend:
         return min(room, self._slots) if self._slots else room
 
     def free_slots(self) -> int:
+        self._hold_usr1()
         room = len(self._free()) // self._nodes_per_trial
         if self._slots:
             room = min(room, self._slots - len(self._trials))
@@ -260,13 +265,14 @@ class MPIBackend:
         return len(self._free())
 
     def submit(self, spec: TrialSpec) -> list[str]:
+        self._hold_usr1()
         free = self._free()
         if len(free) < spec.nodes or (self._slots and len(self._trials) >= self._slots):
             raise BackendError(
                 f"mpi backend: {len(free)} free nodes, {len(self._trials)} trials running; "
                 f"trial {spec.trial_id} needs {spec.nodes}"
             )
-        trial = _Trial(spec, free[: spec.nodes])
+        trial = _Trial(spec, free[: spec.nodes], time.monotonic())
         self._trials[spec.trial_id] = trial
         for rank in trial.ranks:
             self._nodes[rank].trial = spec.trial_id
@@ -305,21 +311,45 @@ class MPIBackend:
                 self._on_started(source, payload)
             elif kind == DONE:
                 self._on_done(source, payload)
+        for source, _, payload in self._beats.receive():
+            node = self._nodes.get(source)
+            if node is not None and not node.lost:
+                node.heard = time.monotonic()
+                node.round = max(node.round, payload)
         if self._local is not None and (done := self._local.poll()) is not None:
             self._on_done(0, done)
-        for rank in self._box.flush():
+        for rank in self._box.flush() + self._beats.flush():
             if not self._nodes[rank].lost:
                 self._lose(self._nodes[rank], "an MPI message to it failed")
         now = time.monotonic()
+        self._hold_usr1()
         self._judge_usr1(now)
         for rank in self._remote():
             node = self._nodes[rank]
             if now - node.heard > self.settings.lost_after_s:
                 self._lose(node, f"it sent nothing for {now - node.heard:.0f} s")
+        self._check_deadlines(now)
         if now - self._pinged >= self.settings.heartbeat_s:
-            for rank in self._remote():
-                self._box.send(rank, PING)
-            self._pinged = now
+            self._ping()
+
+    def _check_deadlines(self, now: float) -> None:
+        """A node whose trial is ``lost_after`` past its timeout without a result has a
+        stuck worker (its heartbeat thread lives, its loop does not): it is lost."""
+        for trial in list(self._trials.values()):
+            late = now - trial.submitted - trial.spec.timeout_s
+            if late > self.settings.lost_after_s:
+                for node, rank in enumerate(trial.ranks):
+                    if node not in trial.results and rank and not self._nodes[rank].lost:
+                        why = f"its trial ran {late:.0f} s past its timeout without a result"
+                        self._lose(self._nodes[rank], why)
+
+    def _ping(self) -> int:
+        """Send a new ping round; a worker that answers it was alive after this moment."""
+        self._round += 1
+        for rank in self._remote():
+            self._beats.send(rank, PING, self._round)
+        self._pinged = time.monotonic()
+        return self._round
 
     def _on_started(self, rank: int, started: NodeStarted) -> None:
         trial = self._trials.get(started.trial_id)
@@ -367,26 +397,40 @@ class MPIBackend:
             error = f"node lost: {node.lost}"
             self._finish(trial, TrialResult(TrialState.ERROR, error=error, hosts=[node.host]))
 
+    def _hold_usr1(self) -> None:
+        """Keep our SIGUSR1 filter in front of the handler installed last, on every call
+        from the driver (the session installs its stop handler after making the backend);
+        the filter passes stop requests on to it."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGUSR1)
+        if current != self._on_usr1:
+            self._usr1_previous = signal.SIG_DFL if current is None else current
+            signal.signal(signal.SIGUSR1, self._on_usr1)
+
     def _on_usr1(self, signum: int, frame: Any) -> None:
-        self._usr1.append(time.monotonic())
+        self._usr1.append((time.monotonic(), 0))
 
     def _judge_usr1(self, now: float) -> None:
         """Take a SIGUSR1 for hydra's notice of a dead rank when a worker is lost around it
-        (or stays silent after it: then it is lost now); pass it on as a stop request once
-        every worker has spoken since it came."""
-        for received in list(self._usr1):
-            window = (received - self._confirm_s, received + self._confirm_s)
-            silent = [self._nodes[r] for r in self._remote() if self._nodes[r].heard < received]
-            if any(window[0] <= node.lost_at <= window[1] for node in self._nodes.values()):
-                self._usr1.remove(received)
+        or fails to answer a ping sent after it (it is then lost now); pass it on as a stop
+        request once every worker has answered that ping."""
+        for index, (received, round_) in enumerate(self._usr1):
+            if not round_:
+                self._usr1[index] = (received, self._ping())
+        for received, round_ in list(self._usr1):
+            silent = [self._nodes[r] for r in self._remote() if self._nodes[r].round < round_]
+            lost = [n.lost_at for n in self._nodes.values() if n.lost]
+            if any(abs(at - received) <= self._confirm_s for at in lost):
+                self._usr1.remove((received, round_))
             elif not silent:
-                self._usr1.remove(received)
+                self._usr1.remove((received, round_))
                 if callable(self._usr1_previous):
                     self._usr1_previous(signal.SIGUSR1, None)
             elif now - received >= self._confirm_s:
-                self._usr1.remove(received)
+                self._usr1.remove((received, round_))
                 for node in silent:
-                    self._lose(node, "mpiexec reported a dead rank and it fell silent")
+                    self._lose(node, "mpiexec reported a dead rank and it did not answer")
 
     def cancel(self, trial_id: str) -> None:
         trial = self._trials.get(trial_id)
@@ -402,7 +446,7 @@ class MPIBackend:
         if self._local is not None:
             self._local.close()
         release_workers(self._box, self._remote())
-        if self._usr1_previous is not None:
+        if signal.getsignal(signal.SIGUSR1) == self._on_usr1:
             signal.signal(signal.SIGUSR1, self._usr1_previous)
 
     def describe(self) -> dict[str, Any]:
@@ -439,7 +483,11 @@ def release_workers(box: Mailbox, ranks: list[int]) -> None:
         time.sleep(POLL_S)
 
 
-def _release_at_exit(comm: Any) -> None:
+def _at_exit(comm: Any) -> None:
+    """Ignore hydra's SIGUSR1 from the exiting workers for good (Python resets its own
+    handlers to the default, fatal one as it shuts down), and release the workers if no
+    backend did."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if not _released:
         release_workers(Mailbox(comm), list(range(1, comm.Get_size())))
 
@@ -453,7 +501,7 @@ def serve_if_worker() -> bool:
         serve(comm)
         return True
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    atexit.register(_release_at_exit, comm)
+    atexit.register(_at_exit, comm)
     return False
 
 

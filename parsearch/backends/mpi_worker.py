@@ -1,9 +1,17 @@
 """The MPI plumbing both sides share, and the worker ranks' loop.
 
-Every message is a ``(kind, payload)`` pair on one tag, sent with ``isend`` and received
-after ``improbe`` found it, so no rank ever blocks in MPI: MPICH's blocking receive
-busy-polls (about 65% of a core per idle rank, measured here), which would steal CPU from
-the very trials being timed. Ranks sleep :data:`POLL_S` between looks instead.
+Every message is a ``(kind, payload)`` pair, sent with ``isend`` and received after
+``improbe`` found it, so no rank ever blocks in MPI: MPICH's blocking receive busy-polls
+(about 65% of a core per idle rank, measured here), which would steal CPU from the very
+trials being timed. Ranks sleep between looks instead.
+
+Two channels (tags): orders and reports (:data:`TAG`), handled by the worker's main loop,
+and pings and heartbeats (:data:`BEAT_TAG`), handled by a thread of their own (mpi4py asks
+for ``MPI_THREAD_MULTIPLE``). A main loop can be busy for seconds, starting a trial's
+ranks (the first built-in trial warms the agent's fork server: importing torch, slow on a
+loaded node or a parallel file system); the heartbeat must not stop meanwhile, or the
+driver would take a busy worker for a dead one. What the thread proves is that the process
+lives; a main loop that hangs is caught by the driver's deadline on the trial instead.
 
 Workers ignore SIGINT, SIGTERM and SIGUSR1: ``mpiexec`` and ``srun`` pass those to every
 rank, and it is the driver's job to drain (let running trials finish, then tell the
@@ -17,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,21 +35,24 @@ from typing import Any
 from parsearch.backends.node import NodeSlot
 
 TAG = 0x7073
+BEAT_TAG = 0x7074
 POLL_S = 0.01
+BEAT_POLL_S = 0.05
 BYE_WAIT_S = 5.0
 
-# driver -> worker
+# driver -> worker, TAG
 WELCOME = "welcome"  # WorkerSettings
 RUN = "run"  # parsearch.backends.node.NodeOrder
 CANCEL = "cancel"  # trial id
-PING = "ping"  # None: the driver is alive
 EXIT = "exit"  # None
-# worker -> driver
+# worker -> driver, TAG
 HELLO = "hello"  # (host, pid)
 STARTED = "started"  # parsearch.backends.node.NodeStarted
 DONE = "done"  # parsearch.backends.node.NodeDone
-BEAT = "beat"  # None: the worker is alive
 BYE = "bye"  # None: the worker is leaving
+# BEAT_TAG
+PING = "ping"  # driver -> worker, a round number: answered at once with a BEAT
+BEAT = "beat"  # worker -> driver, the last ping round seen: the worker lives
 
 # What marks a process as a member of this MPI job. A trial's ranks must not inherit it:
 # a trainer that is itself an MPI program (or reads OMPI_COMM_WORLD_RANK, as DeepSpeed
@@ -74,15 +86,17 @@ def world() -> Any:
 
 
 class Mailbox:
-    """Non-blocking messages on ``comm``: sends complete in the background (a result with a
-    long log tail goes by rendezvous, so only when the peer receives it)."""
+    """Non-blocking messages on one tag of ``comm``: sends complete in the background (a
+    result with a long log tail goes by rendezvous, so only when the peer receives it).
+    One per thread."""
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Any, tag: int = TAG):
         self.comm = comm
+        self.tag = tag
         self._pending: list[tuple[int, Any]] = []
 
     def send(self, dest: int, kind: str, payload: Any = None) -> None:
-        self._pending.append((dest, self.comm.isend((kind, payload), dest=dest, tag=TAG)))
+        self._pending.append((dest, self.comm.isend((kind, payload), dest=dest, tag=self.tag)))
 
     def flush(self) -> list[int]:
         """Progress pending sends; return the ranks a send failed to (gone)."""
@@ -108,7 +122,7 @@ class Mailbox:
         from mpi4py import MPI
 
         status = MPI.Status()
-        while message := self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG, status=status):
+        while message := self.comm.improbe(source=MPI.ANY_SOURCE, tag=self.tag, status=status):
             kind, payload = message.recv()
             yield status.Get_source(), kind, payload
 
@@ -118,10 +132,14 @@ def serve(comm: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     worker = _Worker(comm)
+    heartbeat = threading.Thread(target=worker.beat, name="parsearch-heartbeat", daemon=True)
+    heartbeat.start()
     try:
         if worker.serve():
             worker.say_bye()
     finally:
+        worker.stopping.set()
+        heartbeat.join()
         if worker.slot is not None:
             worker.slot.close()
 
@@ -132,27 +150,25 @@ class _Worker:
         self.box = Mailbox(comm)
         self.settings = WorkerSettings()
         self.slot: NodeSlot | None = None  # made when the driver's welcome arrives
+        self.heard = time.monotonic()  # from the driver, on either channel
+        self.stopping = threading.Event()
         self.box.send(0, HELLO, (socket.gethostname(), os.getpid()))
 
     def serve(self) -> bool:
-        """The loop; ``True`` when the driver said exit, ``False`` when it fell silent."""
-        heard = beat = time.monotonic()
+        """The main loop; ``True`` when the driver said exit, ``False`` when it fell silent."""
         while True:
-            now = time.monotonic()
             for _, kind, payload in self.box.receive():
-                heard = now
+                self.heard = time.monotonic()
                 if kind == EXIT:
                     return True
                 self.handle(kind, payload)
             if self.slot is not None and (done := self.slot.poll()) is not None:
                 self.box.send(0, DONE, done)
-            if now - beat >= self.settings.heartbeat_s:
-                self.box.send(0, BEAT)
-                beat = now
-            if self.box.flush() or now - heard > self.settings.driver_timeout_s:
+            silent = time.monotonic() - self.heard
+            if self.box.flush() or silent > self.settings.driver_timeout_s:
                 print(
                     f"parsearch mpi worker {self.comm.Get_rank()}: the driver is gone "
-                    f"(silent for {now - heard:.0f} s); exiting",
+                    f"(silent for {silent:.0f} s); exiting",
                     file=sys.stderr,
                 )
                 return False
@@ -167,6 +183,20 @@ class _Worker:
             self.box.send(0, STARTED, self.slot.start(payload))
         elif kind == CANCEL and self.slot is not None:
             self.slot.cancel(payload)
+
+    def beat(self) -> None:
+        """The heartbeat thread: answer pings at once, and beat every ``heartbeat`` s."""
+        box = Mailbox(self.comm, BEAT_TAG)
+        last_round, beat = 0, 0.0
+        while not self.stopping.wait(BEAT_POLL_S):
+            for _, _, payload in box.receive():
+                self.heard = time.monotonic()
+                last_round = payload
+                box.send(0, BEAT, last_round)
+            if time.monotonic() - beat >= self.settings.heartbeat_s:
+                box.send(0, BEAT, last_round)
+                beat = time.monotonic()
+            box.flush()
 
     def say_bye(self) -> None:
         """Tell the driver we leave, and give the message time to go before MPI ends."""

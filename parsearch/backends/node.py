@@ -7,7 +7,7 @@ started, watch them, and kill them when the trial is cancelled. :class:`NodeSlot
 for at most one trial at a time (a node's devices belong to one trial). Orders and reports
 are plain picklable data, so MPI messages and Ray calls carry them unchanged.
 
-Ranks start through :mod:`parsearch.backends.guard`, so they die with the worker; each
+Ranks are guarded (:mod:`parsearch.backends.guard`), so they die with the worker; each
 node also writes ``node<k>.json`` (host, worker pid, rank pids) into the trial directory,
 which says where a trial ran and lets tests find the worker to kill.
 """
@@ -101,15 +101,7 @@ class NodeSlot:
         port = order.port or free_port()
         trial_dir = self.workdir / spec.trial_id
         run = guarded(
-            node_run(
-                spec,
-                order.node,
-                order.nnodes,
-                addr,
-                port,
-                trial_dir,
-                grace_s=self.grace_s,
-            )
+            node_run(spec, order.node, order.nnodes, addr, port, trial_dir, grace_s=self.grace_s)
         )
         self._run, self._failed = run, None
         error = None
@@ -132,7 +124,10 @@ class NodeSlot:
             error=error,
         )
         if trial_dir.is_dir():
-            (trial_dir / f"node{order.node}.json").write_text(json.dumps(asdict(started)))
+            path = trial_dir / f"node{order.node}.json"
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(asdict(started)))
+            tmp.replace(path)
         return started
 
     def poll(self) -> NodeDone | None:
