@@ -14,6 +14,7 @@ Run as a program it is one rank of a test launch (started by the node agent):
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -126,6 +127,7 @@ def _many(specs_path: str, out: str) -> None:
     from parsearch.bench.env import RankEnv
     from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
 
+    faulthandler.enable()
     specs = [TrialSpec.from_dict(item) for item in json.loads(Path(specs_path).read_text())]
     env = RankEnv.from_environ()
     device = resolve_device(TrainerSettings.from_spec(specs[0]), specs[0], env)

@@ -10,6 +10,7 @@ that into an ``error`` or ``oom`` result.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, type=Path, help="TrialSpec JSON file")
     parser.add_argument("--out", type=Path, help="where rank 0 writes the result JSON")
     args = parser.parse_args(argv)
+    faulthandler.enable()  # a crash in native code (a gloo thread, a kernel) leaves a stack
     spec = TrialSpec.from_json(args.spec.read_text())
     env = RankEnv.from_environ()
     phases = {"start_s": process_age_s()}
