@@ -130,3 +130,42 @@ def test_a_campaign_runs_on_a_local_ray_cluster(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "budget reached; 3/3 trials finished (ok 3)" in done.stdout
+
+
+GPU_RANK = """
+import json, os
+with open(f"devices-{os.environ['RANK']}.json", "w") as out:
+    json.dump(os.environ.get("CUDA_VISIBLE_DEVICES"), out)
+print(json.dumps({"tokens_per_s": 1.0}))
+"""
+
+
+def test_gpu_trials_get_gpu_bundles_and_one_device_per_rank(tmp_path):
+    """Ray's pretend GPUs (no CUDA needed): each node's bundle is {"GPU": 1}, so each actor
+    gets its own device, which its rank sees alone."""
+    script = tmp_path / "rank.py"
+    script.write_text(GPU_RANK)
+    data = {
+        **SPACE,
+        "allocation": {**SPACE["allocation"], "nodes": 2, "device": "cuda"},
+        "trainer": {"kind": "command", "command": ["{python}", "{script}"],
+                    "vars": {"python": sys.executable, "script": str(script)},
+                    "steps": 2, "warmup_steps": 1, "timeout": 60},
+    }  # fmt: skip
+    space = space_from_dict(data)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        backend = create_backend("ray", space, options={"workdir": str(tmp_path / "w")})
+        assert backend.capacity == 1
+        layout = ParallelLayout(tp=1, pp=1, dp=2, mbs=4, gas=1)
+        spec = TrialSpec("gpu", space.model, layout, space.allocation, space.trainer, 60.0)
+        backend.submit(spec)
+        done, deadline = [], time.monotonic() + 120
+        while not done and time.monotonic() < deadline:
+            done = backend.poll(0.5)
+        backend.close()
+    finally:
+        ray.shutdown()
+    assert done and done[0].result.ok, done
+    seen = [json.loads((tmp_path / "w" / "gpu" / f"devices-{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(seen) == ["0", "1"]

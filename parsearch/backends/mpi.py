@@ -20,14 +20,16 @@ Every rank runs the same command, so a job script needs one line::
   with ``MASTER_ADDR`` = node 0's host name, so concurrent trials never share a port. The
   trial ends when every node has reported, or as soon as one fails (the others are
   cancelled); :func:`parsearch.trainers.merge_results` makes one result of the nodes'.
-* **Lost nodes.** Workers send a heartbeat every ``heartbeat`` seconds. One silent for
-  ``lost_after`` seconds is lost: its trial ends as ``error`` ("node lost"), the trial's
-  other nodes are cancelled, it gets no more trials, and the campaign goes on with the
-  others (with fewer slots; with too few nodes left for a trial, the driver stops).
+* **Lost nodes.** Workers send a heartbeat every ``heartbeat`` seconds, from a thread of
+  their own. One silent for ``lost_after`` seconds is lost, and so is one whose trial is
+  ``lost_after`` seconds past its timeout without a result (its loop is stuck): its trial
+  ends as ``error`` ("node lost"), the trial's other nodes are cancelled, it gets no more
+  trials, and the campaign goes on with the others (with fewer slots; with too few nodes
+  left for a trial, the driver stops).
 * **No spinning.** Nobody blocks in MPI (see :mod:`parsearch.backends.mpi_worker`); the
   driver waits for results with ``improbe`` and short sleeps.
-* **Exit.** :meth:`MPIBackend.close` tells the workers to exit and waits for their
-  goodbye; rank 0 also does so at exit if no backend did (the store could not be opened,
+* **Exit.** Workers serve one backend per job. :meth:`MPIBackend.close` tells them to
+  exit and waits for their goodbye; rank 0 also does so at exit if no backend did (the store could not be opened,
   say), and workers exit by themselves after ``driver_timeout`` seconds without a word
   from the driver (it was killed), so the job always ends.
 
