@@ -183,6 +183,32 @@ def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path
     assert alive(killed["pids"]) == []  # the trial's rank died with its worker
 
 
+def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path):
+    """SIGSTOP (not a death: hydra sees nothing): the driver's heartbeat check loses it;
+    once it runs again it obeys the cancel and the exit, so the job ends at once."""
+    work = tmp_path / "work"
+    stopped: dict = {}
+
+    def pause_first_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stopped.update(json.loads(started[0].read_text()))
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        time.sleep(6.0)
+        os.kill(stopped["pid"], signal.SIGCONT)
+
+    pauser = threading.Thread(target=pause_first_worker)
+    pauser.start()
+    done = run_campaign(tmp_path, 3, 1, 4, "lost_after=3", "heartbeat=0.5", steps=200, timeout=300)
+    pauser.join()
+    assert done.returncode == 0, done.stdout
+    assert "budget reached; 4/4 trials finished (ok 3, error 1)" in done.stdout, done.stdout
+    (lost,) = [row for row in trials(tmp_path / "x.db") if row["state"] == "error"]
+    assert f"(pid {stopped['pid']}) lost: it sent nothing for " in lost["error"]
+    assert alive([stopped["pid"], *stopped["pids"]]) == []
+
+
 def test_workers_exit_when_the_driver_vanishes(tmp_path):
     began = time.monotonic()
     done = mpiexec(

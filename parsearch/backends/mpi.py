@@ -29,9 +29,10 @@ Every rank runs the same command, so a job script needs one line::
 * **No spinning.** Nobody blocks in MPI (see :mod:`parsearch.backends.mpi_worker`); the
   driver waits for results with ``improbe`` and short sleeps.
 * **Exit.** Workers serve one backend per job. :meth:`MPIBackend.close` tells them to
-  exit and waits for their goodbye; rank 0 also does so at exit if no backend did (the store could not be opened,
-  say), and workers exit by themselves after ``driver_timeout`` seconds without a word
-  from the driver (it was killed), so the job always ends.
+  exit (lost ones too, in case they were only slow) and waits for their goodbye; rank 0
+  also does so at exit if no backend did (the store could not be opened, say), and
+  workers exit by themselves after ``driver_timeout`` seconds without a word from the
+  driver (it was killed), so the job always ends.
 
 MPICH's ``mpiexec`` (hydra) takes the whole job down when one rank dies unless given
 ``-disable-auto-cleanup``; it then tells every other rank with SIGUSR1. Slurm's warning
@@ -396,6 +397,7 @@ class MPIBackend:
         print(f"parsearch mpi: {node.lost}; {len(self._remote())} workers left", file=sys.stderr)
         trial = self._trials.get(node.trial) if node.trial else None
         if trial is not None:
+            self._box.send(node.rank, CANCEL, node.trial)  # in case it was only slow
             error = f"node lost: {node.lost}"
             self._finish(trial, TrialResult(TrialState.ERROR, error=error, hosts=[node.host]))
 
@@ -447,6 +449,9 @@ class MPIBackend:
             self._release(trial)
         if self._local is not None:
             self._local.close()
+        for rank, node in self._nodes.items():
+            if node.lost:  # in case it was only slow: it would wait for driver_timeout
+                self._box.send(rank, EXIT)
         release_workers(self._box, self._remote())
         if signal.getsignal(signal.SIGUSR1) == self._on_usr1:
             signal.signal(signal.SIGUSR1, self._usr1_previous)
