@@ -41,7 +41,7 @@ def _trials(path, name=None):
 def test_finishes_exactly_the_budget_and_records_everything(tmp_path, slots):
     db = tmp_path / "c.db"
     summary = start_campaign(
-        GPT175, db, budget=50, seed=1, settings=_simulate(slots, mem_factor=1.1)
+        GPT175, db, budget=50, seed=1, settings=_simulate(slots, mem_factor=1.3)
     )
     assert summary.outcome is Outcome.BUDGET
     campaign, trials = _trials(db)
@@ -51,7 +51,7 @@ def test_finishes_exactly_the_budget_and_records_everything(tmp_path, slots):
     assert {t.origin for t in trials} >= {"initial"}
     assert all(t.predicted and t.predicted["fits"] for t in trials)
     assert all(t.attempt == 1 and t.hosts for t in trials)
-    assert any(t.state is TrialState.OOM for t in trials), "mem_factor 1.1 makes some OOM"
+    assert any(t.state is TrialState.OOM for t in trials), "the best predicted do not fit"
     assert campaign.status is CampaignStatus.FINISHED and campaign.finished_at
     assert campaign.settings["strategy"] == "default" and campaign.backend == "simulate"
     assert campaign.space["name"] == "gpt-175b-frontier"
