@@ -110,7 +110,8 @@ def start_campaign(
     _check_budget(budget)
     space = load_space(space_path)
     name = name or space.name
-    with open_store(store_path) as store:
+    stop = StopRequest()
+    with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
             raise StoreError(
                 f"campaign '{name}' already exists in {store.path}; continue it with "
@@ -133,7 +134,7 @@ def start_campaign(
         except BaseException:
             parts.close()
             raise
-        return _session(store, campaign, space, settings, progress, parts=parts)
+        return _session(store, campaign, space, settings, progress, stop, parts=parts)
 
 
 def resume_campaign(
@@ -151,7 +152,8 @@ def resume_campaign(
     """
     if budget is not None:
         _check_budget(budget)
-    with open_store(store_path) as store:
+    stop = StopRequest()
+    with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
         stored = CampaignSettings.from_dict(campaign.settings)
         overrides = dict(overrides or {})
@@ -160,7 +162,7 @@ def resume_campaign(
         settings = dataclasses.replace(stored, **overrides)
         source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
         space = space_from_dict(campaign.space, source=source)
-        return _session(store, campaign, space, settings, progress, budget=budget)
+        return _session(store, campaign, space, settings, progress, stop, budget=budget)
 
 
 @dataclass
@@ -201,18 +203,21 @@ def _session(
     space: SearchSpace,
     settings: CampaignSettings,
     progress: Progress | None,
+    stop: StopRequest,
     *,
     budget: int | None = None,
     parts: _Parts | None = None,
 ) -> SessionSummary:
-    """Run the campaign under its lease; ``parts`` are built after the lease if not given."""
+    """Run the campaign under its lease; ``parts`` are built after the lease if not given.
+
+    ``stop`` has caught the stop signals since the command began: one that arrives while
+    DeepHyper loads makes the driver stop before it starts anything, and exit 0.
+    """
     started = time.monotonic()
     progress = progress or Progress(enabled=False)
-    stop = StopRequest()
     with contextlib.ExitStack() as stack:
         if parts is not None:
             stack.callback(parts.close)  # if the lease is refused
-        stack.enter_context(stop.on_signals())
         lease = stack.enter_context(
             Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
         )
