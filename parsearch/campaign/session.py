@@ -148,7 +148,8 @@ def resume_campaign(
     """Continue a campaign: re-queue its interrupted trials, then run to its budget.
 
     ``overrides`` replaces stored settings (``backend``, ``slots``, ``grace_s``...) for this
-    session and later ones.
+    session only: the store keeps the settings the campaign started with (a new ``budget``
+    is stored).
     """
     if budget is not None:
         _check_budget(budget)
