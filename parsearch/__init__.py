@@ -4,8 +4,19 @@ Importing the package stays light: torch, DeepHyper, mpi4py and Ray are imported
 modules that need them, when they are needed.
 """
 
+from typing import Any
+
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import ParsearchError
 
-__all__ = ["AllocationSpec", "ModelSpec", "ParallelLayout", "ParsearchError"]
+__all__ = ["AllocationSpec", "ModelSpec", "ParallelLayout", "ParsearchError", "results"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``parsearch.results`` (a campaign's trials as a DataFrame) loads pandas on first use."""
+    if name == "results":
+        from parsearch.campaign.query import results
+
+        return results
+    raise AttributeError(f"module 'parsearch' has no attribute {name!r}")

@@ -93,6 +93,8 @@ _BUILTIN_TRAINER_KEYS = (
     "precision",
     "device",
     "enforce_memory_cap",
+    "lr",
+    "weight_decay",
 )
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -284,7 +286,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     if "memory_cap" in top:
         memory_cap = reader.size(top["memory_cap"], "memory_cap")
     trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
-    estimate = reader.estimate(top.get("estimate", {}))
+    estimate = reader.estimate(top.get("estimate", {}), trainer_kind=trainer["kind"])
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):
         raise reader.error("name", f"must be a string, got {name!r}")
@@ -521,11 +523,18 @@ class _Reader:
             raise self.error("trainer.precision", "must be 'auto', 'bf16' or 'fp32'")
         if data.get("device", "auto") not in ("auto", "cpu", "cuda"):
             raise self.error("trainer.device", "must be 'auto', 'cpu' or 'cuda'")
+        if "enforce_memory_cap" in data and not isinstance(data["enforce_memory_cap"], bool):
+            raise self.error("trainer.enforce_memory_cap", "must be true or false")
+        for key in ("lr", "weight_decay"):
+            if key in data:
+                data[key] = self.positive_number(data[key], f"trainer.{key}")
         return data
 
-    def estimate(self, value: Any) -> EstimateSettings:
+    def estimate(self, value: Any, *, trainer_kind: str) -> EstimateSettings:
+        """The estimate's settings; its memory accounting follows the trainer unless set:
+        the built-in trainer's own (``torch``) or Megatron's for a command trainer."""
         data = self.mapping(value, "estimate", _ESTIMATE_KEYS)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"framework": "torch" if trainer_kind == "builtin" else "megatron"}
         for key, item in data.items():
             where = f"estimate.{key}"
             if key == "precision":

@@ -1,7 +1,24 @@
 #!/usr/bin/env bash
-# The main job: set up (if needed), then plan the tiny CPU space on this machine.
+# The main job: set up (if needed), then run a real search campaign on this machine's CPU.
+# A tiny GPT on 4 local processes (gloo), the built-in trainer, DeepHyper's CBO over the
+# layouts that divide and fit, results in a fresh SQLite store under runs/; then the best
+# layout (also as Megatron-LM flags) and a report with figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 export OMP_NUM_THREADS=1
-.venv/bin/parsearch plan search_spaces/tiny-cpu.yaml
+BUDGET="${BUDGET:-16}"
+run="runs/demo-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$run"
+store="$run/campaign.db"
+.venv/bin/parsearch plan search_spaces/tiny-cpu.yaml --top 5
+.venv/bin/parsearch run search_spaces/tiny-cpu.yaml --store "$store" --budget "$BUDGET" \
+    --backend-opt "workdir=$run/trials"
+.venv/bin/parsearch status --store "$store"
+.venv/bin/parsearch top --store "$store" -k 5
+echo
+echo "best configuration:"
+.venv/bin/parsearch best --store "$store"
+.venv/bin/parsearch best --store "$store" --format megatron
+.venv/bin/parsearch report --store "$store" --out "$run/report"
+echo "store: $store   report: $run/report/index.html"
