@@ -10,11 +10,13 @@
   also the driver's own CPU while it waits in ``poll()`` for a running trial.
 * **Idle time of a 4-node mpi allocation** over a 40-trial campaign run as a job script
   would (``mpiexec -n 5 parsearch run ... --backend mpi``, DeepHyper's CBO proposing): short
-  real trials (rank processes sleeping 1.5-2.3 s, not the torch trainer, so overheads
-  weigh as much as they ever will); idle = 1 - (sum of rank lifetimes) / (4 x span from the
-  first rank start to the last rank exit).
+  real trials (rank processes sleeping 1.5-2.1 s, then 6-8.4 s; not the torch trainer, so
+  overheads weigh as much as they can); idle = 1 - (sum of rank lifetimes) / (4 x span from the
+  first rank start to the last rank exit), and the part of it between trials on a node (the
+  dispatch gap, without the start-up stagger and the tail when the budget runs out).
 
-Usage: ``.venv/bin/python benchmarks/dispatch.py [--trials 8] [--budget 40]`` (~2 minutes).
+Usage: ``.venv/bin/python benchmarks/dispatch.py [--trials 8] [--budget 40] [--trial-s 1.5 6]``
+(~3 minutes).
 """
 
 from __future__ import annotations
@@ -204,11 +206,15 @@ def campaign_idle(tmp: Path, script: Path, budget: int, base_s: float) -> dict:
         for (_, end, before), (begin, _, after) in itertools.pairwise(items):
             recorded, running = records[before].finished_at, records[after].started_at
             gaps.append((begin - end, recorded - end, running - recorded, begin - running))
+    active = sum(
+        max(e for _, e, _ in items) - min(s for s, _, _ in items) for items in by_node.values()
+    )
     return {
         "trials": len(lives),
         "wall_s": wall,
         "span_s": last - first,
         "idle": 1 - sum(e - s for s, e, _ in lives) / (len(by_node) * (last - first)),
+        "between": sum(g[0] for g in gaps) / active,
         "startup_s": first - began,
         "gap": [statistics.mean(column) for column in zip(*gaps, strict=True)],
     }
@@ -284,7 +290,8 @@ def run(tmp: Path, script: Path, args: argparse.Namespace) -> None:
         print(
             f"\n{idle['trials']}-trial mpi campaign on 4 nodes, trials of {base_s:g}-"
             f"{1.4 * base_s:g} s: idle {idle['idle']:.1%} of 4 x {idle['span_s']:.1f} s "
-            f"(first rank start to last rank exit; target <= 5%)"
+            f"(first rank start to last rank exit; target <= 5%); {idle['between']:.1%} "
+            f"between trials (without the ramp-up and the last trials' tail)"
         )
         print(
             f"  a node waits {gap * 1000:.0f} ms between trials: {parts[0] * 1000:.0f} ms "
