@@ -17,8 +17,9 @@ placement group is not ready within ``start_timeout`` ends as ``error`` too.
 
 Options (``--backend-opt key=value``):
 
-* ``address``: an existing cluster (``auto``, ``host:port`` or ``ray://host:port``); without
-  it a local cluster is started, and stopped at the end;
+* ``address``: an existing cluster (``auto``, ``host:port`` or ``ray://host:port``), whose
+  nodes have parsearch installed (the actors import it); without it a local cluster is
+  started, and stopped at the end;
 * ``num_cpus``: CPUs of that local cluster (default: this machine's);
 * ``workdir``: trial directories under ``workdir/<trial id>/`` on each node (default: a
   temporary directory per actor, removed at the end);
