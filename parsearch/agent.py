@@ -224,7 +224,8 @@ class NodeRun:
         self.nnodes = nnodes
         self.master_addr = master_addr
         self.master_port = master_port
-        self.trial_dir = Path(trial_dir)
+        # Absolute: forked ranks start in the fork server's directory, not ours.
+        self.trial_dir = Path(trial_dir).resolve()
         self.custom_command = command is not None
         self.command = list(command) if command is not None else default_command(self.trial_dir)
         self.extra_env = dict(env or {})

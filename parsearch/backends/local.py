@@ -166,7 +166,7 @@ class LocalBackend:
 def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str]) -> LocalBackend:
     """The local backend; one slot unless ``slots`` says the machine holds more trials."""
     check_options("local", options, OPTIONS)
-    workdir = Path(options["workdir"]).expanduser() if options.get("workdir") else None
+    workdir = Path(options["workdir"]).expanduser().resolve() if options.get("workdir") else None
     if workdir is not None:
         try:
             workdir.mkdir(parents=True, exist_ok=True)
