@@ -210,6 +210,10 @@ def _torch_memory(
         workspace += receives * layout.gas * boundary
         if stage != pp - 1:
             workspace += in_flight * boundary
+        else:
+            # The schedule keeps the last stage's output (the logits) of every micro-batch
+            # until the step returns, to merge them.
+            workspace += layout.gas * tokens * model.vocab_size / t * e
     return replace(estimate, weights=weights, grads=grads, optimizer=optimizer, workspace=workspace)
 
 
