@@ -109,6 +109,17 @@ def test_without_warm_up_every_step_is_measured(tmp_path):
     assert m["peak_mem_bytes"] > 0
 
 
+@pytest.mark.parametrize("warmup_steps", [0, 1])
+def test_pipelined_trial_with_little_warm_up_traces_memory(tmp_path, warmup_steps):
+    """Pipelining infers backward shapes with autograd.grad() on its first step, where the
+    memory tracer's hooks cannot run: the trainer must not trace that step (a regression:
+    every pp > 1 trial with warmup_steps <= 1 used to crash)."""
+    spec = tiny_spec(pp=2, gas=2, trainer={"warmup_steps": warmup_steps, "steps": 2})
+    result = run_trial(spec, tmp_path)
+    assert result.ok, result.error
+    assert result.metrics["peak_mem_bytes"] > 0
+
+
 def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
     """A worker killed with SIGKILL cannot clean up: its fork server exits, and the ranks it
     forked are SIGKILLed by the kernel (``PR_SET_PDEATHSIG``)."""

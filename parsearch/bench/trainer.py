@@ -60,7 +60,8 @@ class TrainerSettings:
     it into an ``oom`` result (the memory wall of a CPU rehearsal); ``enforce_memory_cap``
     uses ``allocation.device_memory_bytes`` as the cap. On CPU the memory of the last
     warm-up step is traced (the first measured step if ``warmup_steps`` is 0, whose time then
-    includes the tracer's overhead). ``kind`` and ``timeout`` belong to the driver.
+    includes the tracer's overhead; under pipelining never the very first step). ``kind``
+    and ``timeout`` belong to the driver.
     """
 
     steps: int = 5
@@ -322,8 +323,12 @@ def train(
     run.phases["build_s"] = time.perf_counter() - began
     run.peak.reset()
     reset_peak_rss()
+    # torch.distributed.pipelining infers backward shapes with autograd.grad() on its first
+    # step, which MemTracker's grad hooks cannot run inside: with pp > 1 never trace step 0.
+    first_traceable = 1 if spec.layout.pp > 1 else 0
+    traced_index = max(settings.warmup_steps - 1, first_traceable)
     for index in range(settings.warmup_steps + settings.steps):
-        traced = index == max(settings.warmup_steps - 1, 0)
+        traced = index == traced_index
         dist.barrier()
         _synchronize(device)
         start = time.perf_counter()
