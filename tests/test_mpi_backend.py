@@ -123,6 +123,17 @@ def test_driver_and_two_nodes_run_a_campaign(tmp_path):
     assert len(set(ports)) == len(ports)
 
 
+def test_resume_under_mpiexec_reads_the_backend_from_the_store(tmp_path):
+    """``parsearch resume`` without ``--backend``: every rank reads the stored backend
+    read-only, so ranks >= 1 become workers instead of a second and third driver."""
+    assert run_campaign(tmp_path, 3, nodes=1, budget=2, timeout=240).returncode == 0
+    args = [str(BIN / "parsearch"), "resume", "--store", "x.db", "--budget", "4"]
+    done = mpiexec(3, args, tmp_path, 240)
+    assert done.returncode == 0, done.stdout
+    assert "budget reached; 4/4 trials finished (ok 4)" in done.stdout
+    assert [row["state"] for row in trials(tmp_path / "x.db")] == ["ok"] * 4
+
+
 def test_driver_works_its_own_node_in_a_two_node_trial(tmp_path):
     """One rank per node (forced here): rank 0 is node 0 of each trial, rank 1 node 1."""
     done = run_campaign(tmp_path, 2, 2, 2, "driver_worker=yes", timeout=240)

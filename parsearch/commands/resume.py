@@ -9,6 +9,8 @@ from parsearch.backends import parse_options, serve_if_worker
 from parsearch.campaign.arguments import add_session_arguments, add_store_arguments, positive_int
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import resume_campaign
+from parsearch.errors import StoreError
+from parsearch.store import open_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +27,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _stored_backend(args: argparse.Namespace) -> str | None:
+    """The campaign's backend, read without writing: under ``mpiexec``/``srun`` every rank
+    runs this command, and the workers must be diverted before anyone opens the store to
+    write. ``None`` when the store cannot be read; resuming then reports why."""
+    try:
+        with open_store(args.store, readonly=True) as store:
+            return store.get_campaign(args.name).backend
+    except StoreError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.backend is not None and serve_if_worker(args.backend):
+    backend = args.backend or _stored_backend(args)
+    if backend is not None and serve_if_worker(backend):
         return 0
     overrides: dict[str, Any] = {
         "backend": args.backend,
