@@ -1,0 +1,353 @@
+"""The analytic estimate, corrected online by what finished trials measured.
+
+The estimate is good at ranking layouts and at telling which cannot fit, but a real machine
+is never exactly its hardware description: the runtime and allocator take more (or less)
+memory than modelled, small matrix multiplies run slower, the network is slower than its
+data sheet. The best layouts sit right at the memory wall, so an estimate 10-20% off in
+memory either prunes the true optimum (too pessimistic) or launches trial after trial that
+runs out of memory (too optimistic). Two small models fix that from the trials themselves:
+
+* :class:`MemoryCalibration`: measured peak ≈ ``a·predicted + b`` (a robust fit; a ratio
+  while the measurements span too narrow a range to separate ``a`` from ``b``); an
+  out-of-memory trial at ``predicted = q`` says the true peak at ``q`` exceeds the limit,
+  a lower bound that lifts the calibrated memory when the fit says otherwise.
+* :class:`StepTimeCalibration`: the predicted step time is a sum of parts (ideal compute,
+  the small-GEMM penalty, tensor-parallel all-reduces, pipeline transfers, exposed
+  data-parallel reduction; the bubble shared out among the first three); a measured step
+  time re-weights the parts, ``t ≈ Σ w_k·part_k``, fitted in log space with a prior that
+  keeps each weight near 1 until measurements say otherwise.
+
+:class:`CalibratedEstimate` applies both to every layout that divides, so that a campaign
+can re-rank and re-prune its candidates after each trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsearch.campaign.candidates import Candidate
+from parsearch.config import ParallelLayout
+from parsearch.estimate import Prediction
+from parsearch.estimate.timing import gemm_efficiency
+from parsearch.space import SearchSpace
+
+STEP_PARTS: tuple[str, ...] = ("compute", "small_gemm", "tp_comm", "p2p", "dp_comm")
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """``calibrated(p) = lift·(slope·p + offset)``, usable up to ``limit·(1 - margin)``."""
+
+    slope: float = 1.0
+    offset_bytes: float = 0.0
+    lift: float = 1.0
+    margin: float = 0.0
+
+    def peak(self, predicted: np.ndarray | float) -> np.ndarray | float:
+        return self.lift * (self.slope * predicted + self.offset_bytes)
+
+
+class MemoryCalibration:
+    """Measured peak memory against the estimate's, fitted as measurements come in.
+
+    Fit rules, each for a reason:
+
+    * no measurement: the estimate as it is (slope 1, no margin), so an uncalibrated
+      campaign prunes exactly what the space's estimate prunes;
+    * measurements spanning less than ``affine_span`` of their largest prediction: a ratio
+      (weighted median of measured/predicted); two points close together would make an
+      affine fit's slope anything;
+    * otherwise an affine fit by iteratively re-weighted least squares with Huber weights,
+      so one odd measurement (a trainer that logged another rank's peak) barely moves it;
+      a slope outside ``[0.25, 4]`` is not believed and the ratio is used instead;
+    * every out-of-memory trial at prediction ``q`` must be predicted above its limit; when
+      not, the whole fit is lifted by the smallest factor that makes it so;
+    * the margin: the fit's robust relative spread (2.5 sigma), and at least
+      ``first_margin / (weight of measurements)``, a caution that fades as measurements
+      agree with each other: the best layouts sit within a per cent or two of the wall.
+    """
+
+    def __init__(
+        self,
+        limit_bytes: float,
+        *,
+        affine_span: float = 0.2,
+        first_margin: float = 0.03,
+    ):
+        self.limit_bytes = float(limit_bytes)
+        self.affine_span = affine_span
+        self.first_margin = first_margin
+        self._peaks: list[tuple[float, float, float]] = []
+        self._ooms: list[tuple[float, float]] = []
+        self._fit: MemoryFit | None = MemoryFit()
+
+    def add_peak(self, predicted: float, measured: float, weight: float = 1.0) -> None:
+        """A trial predicted to need ``predicted`` bytes peaked at ``measured``."""
+        if predicted > 0 and measured > 0 and weight > 0:
+            self._peaks.append((float(predicted), float(measured), float(weight)))
+            self._fit = None
+
+    def add_oom(self, predicted: float, limit_bytes: float | None = None) -> None:
+        """A trial predicted to need ``predicted`` bytes ran out of ``limit_bytes``."""
+        if predicted > 0:
+            limit = self.limit_bytes if limit_bytes is None else float(limit_bytes)
+            self._ooms.append((float(predicted), limit))
+            self._fit = None
+
+    @property
+    def measurements(self) -> int:
+        return len(self._peaks)
+
+    @property
+    def fit(self) -> MemoryFit:
+        if self._fit is None:
+            self._fit = self._refit()
+        return self._fit
+
+    def peak(self, predicted: np.ndarray | float) -> np.ndarray | float:
+        """Calibrated peak bytes for the estimate's ``predicted`` bytes."""
+        return self.fit.peak(predicted)
+
+    def fits(self, predicted: np.ndarray) -> np.ndarray:
+        """Which predictions the calibration expects to fit, margin included."""
+        fit = self.fit
+        return fit.peak(predicted) <= self.limit_bytes * (1.0 - fit.margin)
+
+    def _refit(self) -> MemoryFit:
+        if not self._peaks:
+            return self._lifted(MemoryFit())
+        p, m, w = (np.array(column) for column in zip(*self._peaks, strict=True))
+        slope, offset = _ratio(p, m, w), 0.0
+        if p.max() - p.min() >= self.affine_span * p.max():
+            affine = _huber_line(p, m, w)
+            if 0.25 <= affine[0] <= 4.0:
+                slope, offset = affine
+        relative = (m - (slope * p + offset)) / m
+        spread = 2.5 * 1.4826 * _weighted_median(np.abs(relative), w)
+        margin = max(spread, self.first_margin / w.sum())
+        return self._lifted(MemoryFit(slope, offset, 1.0, margin))
+
+    def _lifted(self, fit: MemoryFit) -> MemoryFit:
+        lift = 1.0
+        for predicted, limit in self._ooms:
+            expected = fit.slope * predicted + fit.offset_bytes
+            if expected > 0:
+                lift = max(lift, limit * 1.001 / expected)
+        return MemoryFit(fit.slope, fit.offset_bytes, lift, fit.margin)
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+
+
+def _ratio(predicted: np.ndarray, measured: np.ndarray, weights: np.ndarray) -> float:
+    return _weighted_median(measured / predicted, weights)
+
+
+def _huber_line(
+    x: np.ndarray, y: np.ndarray, weights: np.ndarray, iterations: int = 20
+) -> tuple[float, float]:
+    """``y ≈ a·x + b`` by IRLS with Huber weights (threshold 1.345 robust sigmas)."""
+    design = np.column_stack([x, np.ones_like(x)])
+    robust = np.ones_like(x)
+    coef = np.zeros(2)
+    for _ in range(iterations):
+        sw = np.sqrt(weights * robust)
+        coef = np.linalg.lstsq(design * sw[:, None], y * sw, rcond=None)[0]
+        residual = y - design @ coef
+        scale = 1.4826 * _weighted_median(np.abs(residual), weights)
+        if scale <= 1e-9 * np.abs(y).max():
+            break
+        threshold = 1.345 * scale
+        new = np.minimum(1.0, threshold / np.maximum(np.abs(residual), 1e-300))
+        if np.allclose(new, robust):
+            break
+        robust = new
+    return float(coef[0]), float(coef[1])
+
+
+def step_parts(space: SearchSpace, layout: ParallelLayout, prediction: Prediction) -> np.ndarray:
+    """The predicted step time split into :data:`STEP_PARTS` (they sum to it).
+
+    The pipeline bubble idles a stage for whole slots of compute and tensor-parallel
+    communication, so it is shared out between those parts rather than kept apart: a slower
+    compute then also means a longer bubble, as on a real machine.
+    """
+    busy = prediction.compute_s + prediction.tp_comm_s
+    stretch = 1.0 + (prediction.bubble_s / busy if busy > 0 else 0.0)
+    ideal_share = gemm_efficiency(space.model, layout, space.estimate) / (
+        space.estimate.compute_efficiency
+    )
+    compute = prediction.compute_s * stretch
+    return np.array(
+        [
+            compute * ideal_share,
+            compute * (1.0 - ideal_share),
+            prediction.tp_comm_s * stretch,
+            prediction.p2p_s,
+            prediction.dp_comm_s,
+        ]
+    )
+
+
+class StepTimeCalibration:
+    """Weights of the step-time parts, fitted to measured step times.
+
+    ``log t_i ≈ log Σ_k w_k·part_ik`` with Gaussian noise ``noise`` (relative) and a prior
+    ``log w_k ~ N(0, prior²)``: with few measurements the weights stay near 1 and move
+    together (a uniformly slower machine changes no ranking), and a part is re-weighted
+    only once layouts that differ in it have been measured. A trial that timed out is a
+    censored measurement (its step took *at least* so long): it pulls the fit up only
+    while the fit predicts it faster than that, so one unlucky trial near the timeout does
+    not condemn every layout about as slow.
+    """
+
+    def __init__(self, *, noise: float = 0.05, prior: float = 0.7):
+        self.noise = noise
+        self.prior = prior
+        self._parts: list[np.ndarray] = []
+        self._times: list[float] = []
+        self._weights: list[float] = []
+        self._censored: list[bool] = []
+        self._fitted: np.ndarray | None = np.ones(len(STEP_PARTS))
+
+    def add(
+        self, parts: np.ndarray, step_s: float, weight: float = 1.0, *, at_least: bool = False
+    ) -> None:
+        """A layout with these parts measured ``step_s`` per step (or more: ``at_least``)."""
+        if step_s > 0 and weight > 0 and parts.sum() > 0:
+            self._parts.append(np.asarray(parts, dtype=float))
+            self._times.append(float(step_s))
+            self._weights.append(float(weight))
+            self._censored.append(at_least)
+            self._fitted = None
+
+    @property
+    def weights(self) -> np.ndarray:
+        if self._fitted is None:
+            self._fitted = self._refit()
+        return self._fitted
+
+    def step_time(self, parts: np.ndarray) -> np.ndarray:
+        """Calibrated step times of rows of parts."""
+        return parts @ self.weights
+
+    def _refit(self, iterations: int = 30) -> np.ndarray:
+        """Levenberg-Marquardt on ``theta = log w`` (five unknowns: closed-form steps)."""
+        parts = np.array(self._parts)
+        target = np.log(np.array(self._times))
+        sw = np.sqrt(np.array(self._weights)) / self.noise
+        censored = np.array(self._censored)
+        theta = np.zeros(parts.shape[1])
+        damping = 1e-3
+
+        def data_residuals(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            error = np.log(parts @ np.exp(theta)) - target
+            active = ~censored | (error < 0)  # a lower bound binds only when violated
+            return sw * np.where(active, error, 0.0), active
+
+        def residuals(theta: np.ndarray) -> np.ndarray:
+            return np.concatenate([data_residuals(theta)[0], theta / self.prior])
+
+        current = residuals(theta)
+        for _ in range(iterations):
+            active = data_residuals(theta)[1]
+            scaled = parts * np.exp(theta)
+            jacobian = np.vstack(
+                [
+                    (sw * active)[:, None] * scaled / scaled.sum(axis=1, keepdims=True),
+                    np.eye(len(theta)) / self.prior,
+                ]
+            )
+            normal = jacobian.T @ jacobian
+            gradient = jacobian.T @ current
+            step = np.linalg.solve(normal + damping * np.diag(np.diag(normal)), -gradient)
+            trial = residuals(theta + step)
+            if trial @ trial < current @ current:
+                theta, current = theta + step, trial
+                damping = max(damping / 3, 1e-9)
+                if np.abs(step).max() < 1e-6:
+                    break
+            else:
+                damping *= 10
+        return np.exp(theta)
+
+
+class CalibratedEstimate:
+    """Every layout that divides, with the estimate's prediction corrected by measurements.
+
+    ``fits()``, ``in_time()`` and ``objective()`` are arrays over :attr:`items`, recomputed
+    from the current calibrations; the ``measured_*`` methods, :meth:`out_of_memory` and
+    :meth:`timed_out` feed them. A layout outside :attr:`items` (a repeat told on resume
+    from an older space) is ignored.
+    """
+
+    def __init__(self, space: SearchSpace, items: Sequence[Candidate]):
+        self.space = space
+        self.items = list(items)
+        self.index = {c.layout.key(): i for i, c in enumerate(self.items)}
+        self.predicted_mem = np.array([c.prediction.memory.total for c in self.items])
+        self.predicted_objective = np.array(
+            [getattr(c.prediction, space.objective) for c in self.items]
+        )
+        self.parts = np.array([step_parts(space, c.layout, c.prediction) for c in self.items])
+        self.predicted_step = np.array([c.prediction.step_time_s for c in self.items])
+        self.memory = MemoryCalibration(space.memory_limit_bytes)
+        self.step = StepTimeCalibration()
+        self.timeout_s, self.timed_steps = trial_time_limit(space)
+
+    def fits(self) -> np.ndarray:
+        """Which items the calibrated memory estimate expects to fit."""
+        return self.memory.fits(self.predicted_mem)
+
+    def in_time(self) -> np.ndarray:
+        """Which items' calibrated steps finish within the trial timeout (all without one)."""
+        if self.timeout_s is None:
+            return np.ones(len(self.items), dtype=bool)
+        return self.step.step_time(self.parts) * self.timed_steps <= self.timeout_s
+
+    def objective(self) -> np.ndarray:
+        """The predicted objective scaled by predicted over calibrated step time (tokens/s,
+        TFLOP/s and MFU are all inversely proportional to the step time of a layout)."""
+        return self.predicted_objective * self.predicted_step / self.step.step_time(self.parts)
+
+    def measured_objective(self, layout: ParallelLayout, objective: float) -> None:
+        """A trial of ``layout`` reached ``objective``: a measured step time, relative to
+        the predicted one."""
+        i = self.index.get(layout.key())
+        if i is not None and objective > 0:
+            step = self.predicted_step[i] * self.predicted_objective[i] / objective
+            self.step.add(self.parts[i], step)
+
+    def measured_peak(self, layout: ParallelLayout, peak_bytes: float) -> None:
+        i = self.index.get(layout.key())
+        if i is not None:
+            self.memory.add_peak(self.predicted_mem[i], peak_bytes)
+
+    def out_of_memory(self, layout: ParallelLayout) -> None:
+        i = self.index.get(layout.key())
+        if i is not None:
+            self.memory.add_oom(self.predicted_mem[i])
+
+    def timed_out(self, layout: ParallelLayout) -> None:
+        """A trial of ``layout`` ran out of time: its steps took at least the timeout."""
+        i = self.index.get(layout.key())
+        if i is not None and self.timeout_s is not None:
+            self.step.add(self.parts[i], self.timeout_s / self.timed_steps, at_least=True)
+
+
+def trial_time_limit(space: SearchSpace) -> tuple[float | None, int]:
+    """The space's trial timeout (``None`` when it sets none) and the steps a trial surely
+    runs: the built-in trainer runs ``warmup_steps`` more than ``steps``; a command
+    trainer's ``steps`` include its warm-up."""
+    trainer = space.trainer
+    steps = int(trainer.get("steps", 10))
+    if trainer.get("kind", "builtin") == "builtin":
+        steps += int(trainer.get("warmup_steps", 0))
+    timeout = trainer.get("timeout")
+    return (None if timeout is None else float(timeout)), steps
