@@ -89,10 +89,11 @@ class BayesianOptimizer:
         for name, values in dimensions.items():
             problem.add_hyperparameter(list(self._encode({name: v})[name] for v in values), name)
         n_points = settings.n_points
+        self._sampler: _PermutationSampler | None = None
         if allowed is not None:
-            table = pd.DataFrame([self._encode(p) for p in allowed], columns=list(self.names))
-            problem.set_sampling_fn(_PermutationSampler(table, seed))
-            n_points = min(n_points, len(table))
+            self._sampler = _PermutationSampler(self._table(allowed), seed)
+            problem.set_sampling_fn(self._sampler)
+            n_points = min(n_points, len(self._sampler.table))
         self._log_dir = tempfile.TemporaryDirectory(prefix="parsearch-cbo-")
         self._search = CBO(
             problem,
@@ -122,8 +123,24 @@ class BayesianOptimizer:
         with _quiet():
             self._search.tell(told)
 
+    def restrict(self, allowed: Sequence[Point]) -> None:
+        """Draw from ``allowed`` from now on, in place of the points given at construction.
+
+        For a strategy whose idea of what may run changes as trials come in (a calibrated
+        memory estimate). DeepHyper draws the points it scores when it is told results, so
+        the change applies from the next :meth:`tell`. No more than the number of points
+        given at construction are scored per tell.
+        """
+        if self._sampler is None:
+            raise ValueError("restrict() needs an optimizer built with allowed points")
+        if allowed:
+            self._sampler.table = self._table(allowed)
+
     def close(self) -> None:
         self._log_dir.cleanup()
+
+    def _table(self, points: Sequence[Point]) -> pd.DataFrame:
+        return pd.DataFrame([self._encode(p) for p in points], columns=list(self.names))
 
     def _encode(self, point: Mapping[str, Any]) -> Point:
         return {
@@ -140,11 +157,18 @@ class BayesianOptimizer:
 
 
 class _PermutationSampler:
-    """``sampling_fn`` for DeepHyper: rows of ``table``, a fresh permutation per pass."""
+    """``sampling_fn`` for DeepHyper: rows of ``table``, a fresh permutation per pass.
+
+    DeepHyper deep-copies the problem it is given; the copy keeps this very sampler (not a
+    copy of it) so that :meth:`BayesianOptimizer.restrict` reaches the one it draws from.
+    """
 
     def __init__(self, table: pd.DataFrame, seed: int):
         self.table = table
         self.rng = np.random.default_rng(seed)
+
+    def __deepcopy__(self, memo: dict) -> _PermutationSampler:
+        return self
 
     def __call__(self, size: int) -> pd.DataFrame:
         count = len(self.table)
