@@ -23,11 +23,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from parsearch.campaign.candidates import Candidate, Candidates, point_of, raw_layout
+from parsearch.campaign.calibration import CalibratedEstimate
+from parsearch.campaign.candidates import Candidate, point_of, raw_layout
 from parsearch.campaign.optimizer import BayesianOptimizer, CBOSettings, Objective
+from parsearch.campaign.transfer import WarmStart, load_warm_start
 from parsearch.config import ParallelLayout
 from parsearch.errors import ParsearchError
 from parsearch.estimate import Prediction
+from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 
 DEFAULT_CBO = CBOSettings()
@@ -44,8 +47,9 @@ class Proposal:
     """A layout to try, who proposed it, and what the estimate expects of it.
 
     ``origin`` is ``initial`` (a seed from the estimate's ranking), ``optimizer`` (DeepHyper),
-    ``fallback`` (the next best predicted layout, when DeepHyper repeated itself) or
-    ``random``. ``prediction`` is ``None`` for layouts that break a rule.
+    ``estimate`` (the calibrated estimate's best untried layout), ``fallback`` (the next best
+    predicted layout, when DeepHyper repeated itself) or ``random``. ``prediction`` is
+    ``None`` for layouts that break a rule.
     """
 
     layout: ParallelLayout
@@ -89,6 +93,13 @@ class Strategy(abc.ABC):
         Implementations must yield at least ``n`` unseen layouts when that many are left.
         """
 
+    def observe(self, results: Sequence[tuple[ParallelLayout, TrialResult]]) -> None:
+        """What finished trials measured (peak memory...), given just before :meth:`tell`.
+
+        A strategy that calibrates its estimate from measurements overrides this.
+        """
+        return None
+
     def tell(self, results: Sequence[tuple[ParallelLayout, Objective]]) -> None:
         """Finished layouts with their objective (or ``"F_<state>"``), for the optimiser."""
         if self.optimizer is not None and results:
@@ -105,7 +116,33 @@ class Strategy(abc.ABC):
 
 
 class GuidedStrategy(Strategy):
-    """CBO over the layouts that divide and are predicted to fit, seeded by the estimate."""
+    """CBO and an online-calibrated estimate over the layouts that divide and fit.
+
+    Every layout that divides is a candidate; the ones it proposes are those the calibrated
+    memory estimate expects to fit (all of them with ``keep_predicted_oom``, those expected
+    to fit first), ranked by the calibrated predicted objective
+    (:class:`~parsearch.campaign.calibration.CalibratedEstimate`), those whose calibrated
+    steps are expected to exceed the trial timeout last. All of it is recomputed after
+    every result, so a layout first predicted out of memory comes in once measured peaks
+    show the estimate too pessimistic, and layouts near the wall drop out once they show it
+    too optimistic. In order, it proposes:
+
+    1. ``initial``: while fewer than ``n_seeds`` layouts have been tried, the best ranked
+       layout of a (tp, pp) pair not tried yet (:func:`diverse_top`, re-ranked as results
+       come in): the first measurements then differ in what the estimate is least sure of,
+       which is what the step-time calibration needs to tell its parts apart;
+    2. then, of every ``optimizer_every`` proposals, one is DeepHyper's (``optimizer``: the
+       best of its acquisition among the ``region`` best-ranked untried layouts, with a
+       surrogate that learns from failures as the worst objective) and the others the
+       calibrated estimate's best untried layout (``estimate``); when DeepHyper has nothing
+       new to offer, the estimate's next (``fallback``).
+
+    The estimate, once calibrated, is a far better prior than anything a surrogate learns
+    from a dozen points, so it leads; DeepHyper's share explores what the estimate's
+    structure cannot express (``benchmarks/search_efficiency.py`` measures both, and the
+    settings). ``warm_start`` calibrates before the first trial from another campaign
+    (:mod:`parsearch.campaign.transfer`).
+    """
 
     name = "default"
 
@@ -117,76 +154,146 @@ class GuidedStrategy(Strategy):
         keep_predicted_oom: bool = False,
         n_seeds: int | None = None,
         settings: CBOSettings = DEFAULT_CBO,
+        warm_start: WarmStart | None = None,
+        optimizer_every: int = 3,
+        region: int = 32,
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
         plan.require_runnable(keep_predicted_oom=keep_predicted_oom)
-        self.candidates = Candidates(space, plan, keep_predicted_oom=keep_predicted_oom)
+        self.keep_predicted_oom = keep_predicted_oom
+        items = [Candidate(layout, prediction) for layout, prediction in plan.feasible]
+        items += [Candidate(layout, prediction) for layout, prediction in plan.predicted_oom]
+        self.estimate = CalibratedEstimate(space, items)
+        if warm_start is not None:
+            warm_start.apply(self.estimate)
+        self._keys = [c.layout.key() for c in items]
+        self.optimizer_every = optimizer_every
+        self.region = region
+        self._made = 0  # proposals after the initial ones, for the optimizer's share
+        self._pending: set[str] = set()
         if n_seeds is None:
             n_seeds = max(4, len(space.searched) + 1)
+        self.n_seeds = n_seeds
         self.seeds = diverse_top(self.candidates.ranked, n_seeds)
         if space.searched:
             self.optimizer = BayesianOptimizer(
                 space.searched,
                 seed=seed,
                 settings=settings,
-                allowed=self.candidates.points(),
-                n_initial_points=max(1, len(self.seeds)),
+                allowed=self._region_points(),
+                n_initial_points=max(1, n_seeds),
             )
-        self._cursor = 0
-        self._pending: set[str] = set()
+
+    @property
+    def candidates(self) -> RankedCandidates:
+        """What this strategy would run now, best first."""
+        return RankedCandidates([self.estimate.items[i] for i in self._ranking()])
+
+    def _ranking(self) -> np.ndarray:
+        """Indices of the allowed items: those expected to finish within the trial timeout
+        first, each group by calibrated objective (with ``keep_predicted_oom``, those
+        expected to fit in memory before the others)."""
+        fits = self.estimate.fits()
+        key = (-self.estimate.objective(), ~self.estimate.in_time())
+        if self.keep_predicted_oom:
+            return np.lexsort((*key, ~fits))
+        allowed = np.flatnonzero(fits)
+        return allowed[np.lexsort(tuple(column[allowed] for column in key))]
+
+    def _unseen_ranked(self) -> list[Candidate]:
+        return [self.estimate.items[i] for i in self._ranking() if self._keys[i] not in self.seen]
+
+    def _region_points(self) -> list[dict]:
+        return [point_of(self.space, c.layout) for c in self._unseen_ranked()[: self.region]]
 
     def _propose(self, n: int) -> Iterator[Proposal]:
-        seeds = [c for c in self.seeds if c.layout.key() not in self.seen][:n]
-        for candidate in seeds:
-            yield Proposal(candidate.layout, "initial", candidate.prediction)
-        wanted = n - len(seeds)
-        if wanted <= 0:
-            return
+        ranked = self._unseen_ranked()
+        initial = max(0, min(n, self.n_seeds - len(self.seen)))
+        tried = {
+            (c.layout.tp, c.layout.pp)
+            for c, key in zip(self.estimate.items, self._keys, strict=True)
+            if key in self.seen
+        }
+        fresh = [c for c in ranked if (c.layout.tp, c.layout.pp) not in tried]
         taken: set[str] = set()
-        if self.optimizer is not None:
+        for candidate in diverse_top(fresh or ranked, initial) if initial else []:
+            taken.add(candidate.layout.key())
+            yield Proposal(candidate.layout, "initial", candidate.prediction)
+        rest = n - len(taken)
+        shares = range(self._made, self._made + rest)
+        wanted = sum(1 for i in shares if i % self.optimizer_every == self.optimizer_every - 1)
+        self._made += rest
+        proposed = 0
+        if self.optimizer is not None and wanted:
+            allowed = {c.layout.key(): c for c in ranked}
             # DeepHyper does not know which of its earlier proposals still run; asking for
             # that many more lets a batch strategy (topk) skip them and still fill ``n``.
             for point in self.optimizer.ask(wanted + len(self._pending)):
                 layout = self.space.layout_from_point(point)
-                candidate = self.candidates.by_key.get(layout.key()) if layout else None
-                if candidate is None:
+                candidate = allowed.get(layout.key()) if layout else None
+                if candidate is None or candidate.layout.key() in taken:
                     continue
-                key = candidate.layout.key()
-                if key in self.seen or key in taken:
-                    continue
-                taken.add(key)
+                taken.add(candidate.layout.key())
+                proposed += 1
                 yield Proposal(candidate.layout, "optimizer", candidate.prediction)
-                if len(taken) == wanted:
-                    return
-        for _ in range(wanted - len(taken)):
-            candidate = self._next_best_unseen(taken)
-            if candidate is None:
+                if proposed == wanted:
+                    break
+        estimate_picks = rest - wanted
+        for candidate in ranked:
+            if proposed == rest:
                 return
+            if candidate.layout.key() in taken:
+                continue
             taken.add(candidate.layout.key())
-            yield Proposal(candidate.layout, "fallback", candidate.prediction)
-
-    def _next_best_unseen(self, taken: set[str]) -> Candidate | None:
-        ranked = self.candidates.ranked
-        while self._cursor < len(ranked):
-            candidate = ranked[self._cursor]
-            key = candidate.layout.key()
-            if key not in self.seen and key not in taken:
-                return candidate
-            self._cursor += 1
-        return None
+            origin = "estimate" if estimate_picks > 0 else "fallback"
+            estimate_picks -= 1
+            proposed += 1
+            yield Proposal(candidate.layout, origin, candidate.prediction)
 
     def ask(self, n: int) -> list[Proposal]:
         proposals = super().ask(n)
         self._pending.update(p.layout.key() for p in proposals)
         return proposals
 
+    def observe(self, results: Sequence[tuple[ParallelLayout, TrialResult]]) -> None:
+        for layout, result in results:
+            peak = result.metrics.get("peak_mem_bytes")
+            if result.ok and isinstance(peak, int | float) and peak > 0:
+                self.estimate.measured_peak(layout, float(peak))
+
     def tell(self, results: Sequence[tuple[ParallelLayout, Objective]]) -> None:
         self._pending.difference_update(layout.key() for layout, _ in results)
+        for layout, value in results:
+            if value == f"F_{TrialState.OOM.value}":
+                self.estimate.out_of_memory(layout)
+            elif value == f"F_{TrialState.TIMEOUT.value}":
+                self.estimate.timed_out(layout)
+            elif not isinstance(value, str):
+                self.estimate.measured_objective(layout, float(value))
+        if self.optimizer is not None and results:
+            region = self._region_points()
+            if region:
+                self.optimizer.restrict(region)
         super().tell(results)
 
     def allows(self, layout: ParallelLayout) -> bool:
-        return layout in self.candidates
+        i = self.estimate.index.get(layout.key())
+        return i is not None and (self.keep_predicted_oom or bool(self.estimate.fits()[i]))
+
+
+@dataclass(frozen=True)
+class RankedCandidates:
+    """Layouts a guided strategy would run now, best first (a snapshot)."""
+
+    ranked: list[Candidate]
+
+    def __len__(self) -> int:
+        return len(self.ranked)
+
+    def __contains__(self, layout: ParallelLayout) -> bool:
+        key = layout.key()
+        return any(c.layout.key() == key for c in self.ranked)
 
 
 class _RawStrategy(Strategy):
@@ -274,11 +381,24 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(
-    name: str, space: SearchSpace, *, seed: int, keep_predicted_oom: bool = False
+    name: str,
+    space: SearchSpace,
+    *,
+    seed: int,
+    keep_predicted_oom: bool = False,
+    warm_start: str | None = None,
+    warm_start_name: str | None = None,
 ) -> Strategy:
-    """The strategy called ``name`` for ``space`` (``keep_predicted_oom`` applies to default)."""
-    if name == GuidedStrategy.name:
-        return GuidedStrategy(space, seed=seed, keep_predicted_oom=keep_predicted_oom)
-    if name in STRATEGIES:
+    """The strategy called ``name`` for ``space``; ``keep_predicted_oom`` and ``warm_start``
+    (a store whose campaign ``warm_start_name``, default the newest, calibrates the
+    estimate) apply to ``default`` only."""
+    if name not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
+    if name != GuidedStrategy.name:
+        if warm_start is not None:
+            raise StrategyError(f"--warm-start needs the default strategy, not {name!r}")
         return STRATEGIES[name](space, seed=seed)
-    raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
+    transfer = None if warm_start is None else load_warm_start(warm_start, warm_start_name)
+    return GuidedStrategy(
+        space, seed=seed, keep_predicted_oom=keep_predicted_oom, warm_start=transfer
+    )
