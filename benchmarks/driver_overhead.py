@@ -78,6 +78,12 @@ class TimedStrategy:
         self.clock.order += keys
         return proposals
 
+    def observe(self, results: list[tuple[ParallelLayout, Any]]) -> None:
+        start = time.perf_counter()
+        self.strategy.observe(results)
+        keys = [layout.key() for layout, _ in results]
+        self.clock.charge(keys, "tell", time.perf_counter() - start)
+
     def tell(self, results: list[tuple[ParallelLayout, Any]]) -> None:
         start = time.perf_counter()
         self.strategy.tell(results)

@@ -208,6 +208,7 @@ class Driver:
 
     def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:
         if results:
+            self.strategy.observe([(record.layout, result) for record, result in results])
             self.strategy.tell(
                 [(record.layout, result.objective(self.metric)) for record, result in results]
             )

@@ -22,7 +22,7 @@ from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.campaign.strategy import Strategy, make_strategy
 from parsearch.errors import ParsearchError, StoreError
-from parsearch.result import TrialState
+from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
 
@@ -36,6 +36,8 @@ class CampaignSettings:
     slots: int | None = None
     strategy: str = "default"
     keep_predicted_oom: bool = False
+    warm_start: str | None = None
+    warm_start_name: str | None = None
     timeout_s: float | None = None
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
@@ -177,7 +179,12 @@ class _Parts:
     @classmethod
     def build(cls, space: SearchSpace, settings: CampaignSettings, seed: int) -> _Parts:
         strategy = make_strategy(
-            settings.strategy, space, seed=seed, keep_predicted_oom=settings.keep_predicted_oom
+            settings.strategy,
+            space,
+            seed=seed,
+            keep_predicted_oom=settings.keep_predicted_oom,
+            warm_start=settings.warm_start,
+            warm_start_name=settings.warm_start_name,
         )
         try:
             backend = create_backend(
@@ -235,7 +242,9 @@ def _session(
         stack.callback(parts.close)
         strategy, backend = parts.strategy, parts.backend
         strategy.exclude(record.layout for record in history)
-        strategy.tell([(r.layout, _told_value(r)) for r in history if r.state.finished])
+        finished = [r for r in history if r.state.finished]
+        strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
+        strategy.tell([(r.layout, _told_value(r)) for r in finished])
         progress.message(
             f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
             f"{settings.backend} ({backend.capacity} slots), strategy {settings.strategy}, "

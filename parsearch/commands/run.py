@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from parsearch.backends import parse_options, serve_if_worker
 from parsearch.campaign.arguments import add_session_arguments, positive_int
@@ -39,6 +40,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also try layouts the estimate predicts to run out of memory",
     )
+    parser.add_argument(
+        "--warm-start",
+        metavar="OTHER.db",
+        help="calibrate the estimate from another campaign's trials before the first trial "
+        "(default strategy; e.g. a 175B campaign on the same machine for a 1T search)",
+    )
+    parser.add_argument(
+        "--warm-start-name",
+        metavar="NAME",
+        help="the campaign of --warm-start to use (default: its newest)",
+    )
     add_session_arguments(parser, resume=False)
     parser.set_defaults(func=run)
 
@@ -52,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         slots=args.slots,
         strategy=args.strategy,
         keep_predicted_oom=args.keep_predicted_oom,
+        warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
+        warm_start_name=args.warm_start_name,
         timeout_s=args.timeout,
         grace_s=args.grace,
         lease_timeout_s=args.lease_timeout,

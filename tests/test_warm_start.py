@@ -1,0 +1,112 @@
+"""``parsearch run --warm-start OTHER.db``: a 1T search calibrated by a 175B campaign."""
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.campaign.strategy import StrategyError, make_strategy
+from parsearch.campaign.transfer import WarmStartError, load_warm_start
+from parsearch.cli import main
+from parsearch.result import TrialState
+from parsearch.space import load_space
+from parsearch.store import open_store
+
+ROOT = Path(__file__).parent.parent
+GPT175 = ROOT / "search_spaces" / "gpt-175b-frontier.yaml"
+GPT1T = ROOT / "search_spaces" / "gpt-1t-frontier.yaml"
+MACHINE = {"mem_factor": "1.15", "mem_offset": "1GiB"}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A finished 175B campaign on a machine that needs 15% + 1 GiB more than predicted."""
+    db = tmp_path_factory.mktemp("warm") / "175b.db"
+    settings = CampaignSettings(backend="simulate", backend_options=MACHINE)
+    start_campaign(GPT175, db, name="gpt-175b", budget=12, settings=settings)
+    return db
+
+
+def test_warm_start_calibrates_before_the_first_trial(source):
+    space = load_space(GPT1T)
+    cold = make_strategy("default", space, seed=0)
+    warm = make_strategy("default", space, seed=0, warm_start=str(source))
+    try:
+        assert cold.estimate.memory.fit.slope == 1.0
+        fit = warm.estimate.memory.fit
+        assert fit.peak(50 * 2**30) == pytest.approx(1.15 * 50 * 2**30 + 2**30, rel=0.01)
+        assert len(warm.candidates) < len(cold.candidates), "the wall moved down"
+        first = warm.ask(4)
+        assert all(fit.peak(p.prediction.memory.total) <= space.memory_limit_bytes for p in first)
+    finally:
+        cold.close()
+        warm.close()
+
+
+def test_run_with_warm_start_end_to_end(source, tmp_path, capsys):
+    store = tmp_path / "1t.db"
+    code = main(
+        [
+            "run", str(GPT1T), "--store", str(store), "--backend", "simulate",
+            "--backend-opt", "mem_factor=1.15", "--backend-opt", "mem_offset=1GiB",
+            "--budget", "6", "--quiet", "--warm-start", str(source),
+            "--warm-start-name", "gpt-175b",
+        ]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    with open_store(store, readonly=True) as db:
+        campaign = db.get_campaign()
+        trials = db.trials(campaign.id)
+    assert campaign.settings["warm_start"] == str(source.resolve())
+    assert campaign.settings["warm_start_name"] == "gpt-175b"
+    assert len(trials) == 6
+    assert not any(t.state is TrialState.OOM for t in trials)
+
+
+def _run_error(capsys, *extra):
+    code = main(["run", str(GPT1T), "--store", "unused.db", "--backend", "simulate", *extra])
+    return code, capsys.readouterr().err
+
+
+def test_missing_store_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = _run_error(capsys, "--warm-start", str(tmp_path / "nope.db"))
+    assert code == 2
+    assert "--warm-start: no store at" in err and "nope.db" in err
+    assert not (tmp_path / "unused.db").exists() or not _campaigns(tmp_path / "unused.db")
+
+
+def _campaigns(path):
+    with open_store(path, readonly=True) as store:
+        return store.list_campaigns()
+
+
+def test_a_database_of_another_program_is_a_clear_error(tmp_path):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER)")
+    with pytest.raises(WarmStartError, match="not a parsearch store"):
+        load_warm_start(other)
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path):
+    text = tmp_path / "notes.db"
+    text.write_text("not sqlite at all\n" * 100)
+    with pytest.raises(WarmStartError, match=r"--warm-start .*notes\.db"):
+        load_warm_start(text)
+
+
+def test_unknown_campaign_and_empty_campaign(source, tmp_path):
+    with pytest.raises(WarmStartError, match=r"no campaign 'gpt-1t'.*gpt-175b"):
+        load_warm_start(source, "gpt-1t")
+    empty = tmp_path / "empty.db"
+    with open_store(empty) as store:
+        store.create_campaign("nothing-yet", load_space(GPT175).raw)
+    with pytest.raises(WarmStartError, match="no finished trial"):
+        load_warm_start(empty)
+
+
+def test_warm_start_needs_the_default_strategy(source):
+    with pytest.raises(StrategyError, match="default strategy"):
+        make_strategy("random", load_space(GPT1T), seed=0, warm_start=str(source))
