@@ -257,3 +257,49 @@ def test_an_idle_worker_does_not_spin(tmp_path):
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+COMMAND_SPACE = """
+name: mpi-command
+model: {num_layers: 4, hidden_size: 64, num_heads: 4, vocab_size: 128, seq_length: 32}
+allocation: {nodes: 2, devices_per_node: 1, device: cpu, device_memory: 1GiB, peak_tflops: 0.05}
+search: {tp: [1, 2], pp: [1, 2], mbs: [1, 2, 4]}
+global_batch: 8
+trainer:
+  kind: command
+  parser: megatron
+  steps: 4
+  warmup_steps: 1
+  timeout: 60
+  vars: {python: PYTHON, fake: FAKE}
+  command: ["{python}", "{fake}", "--format", "megatron", "--tp", "{tp}", "--pp", "{pp}",
+            "--dp", "{dp}", "--mbs", "{mbs}", "--gas", "{gas}",
+            "--global-batch", "{global_batch}", "--seq-length", "{seq_length}",
+            "--steps", "{steps}", "--print-rank", "last", "--oom-above", "2",
+            "--step-ms", "20"]
+"""
+
+
+def test_command_trainer_over_mpi_workers(tmp_path):
+    """A command trainer (tests/fake_trainer.py printing Megatron-LM's lines from the last
+    rank only, out of memory when mbs/tp > 2) on two mpi worker nodes: every trial spans
+    both nodes, metrics come from the last rank's log, OOM is recognised."""
+    fake = Path(__file__).with_name("fake_trainer.py")
+    space = COMMAND_SPACE.replace("PYTHON", sys.executable).replace("FAKE", str(fake))
+    (tmp_path / "space.yaml").write_text(space)
+    args = [str(BIN / "parsearch"), "run", "space.yaml", "--store", "x.db", "--backend", "mpi"]
+    args += ["--budget", "5", "--keep-predicted-oom"]
+    done = mpiexec(3, args, tmp_path, 240)
+    assert done.returncode == 0, done.stdout
+    assert "budget reached; 5/5 trials finished" in done.stdout
+    rows = trials(tmp_path / "x.db")
+    states = {row["state"] for row in rows}
+    assert states <= {"ok", "oom"}, [row["error"] for row in rows]
+    assert "ok" in states
+    for row in rows:
+        config = json.loads(row["config"])
+        if row["state"] == "ok":
+            assert json.loads(row["metrics"])["tokens_per_s"] > 0
+            assert len(json.loads(row["hosts"])) == 2
+        else:
+            assert config["mbs"] / config["tp"] > 2
