@@ -7,11 +7,11 @@ another campaign) can replace one without touching the driver. Every strategy gu
 * no layout is proposed twice (its ``seen`` set also holds what the store already has);
 * fewer than ``n`` proposals only when nothing unseen is left to propose.
 
-``default`` searches only what the rules and the memory estimate allow, starts from the
-estimate's best layouts, and falls back to the next best predicted layout when DeepHyper
-re-proposes a point. ``cbo-raw`` and ``random`` are the baselines a user without parsearch
-would have: DeepHyper's CBO, or uniform sampling, over the raw product of the searched
-dimensions, with nothing pruned and nothing seeded.
+``default`` searches what the rules allow and the memory estimate, calibrated online by the
+trials' measurements, expects to fit; it starts from the calibrated estimate's best layouts
+and lets DeepHyper propose one trial in three. ``cbo-raw`` and ``random`` are the baselines
+a user without parsearch would have: DeepHyper's CBO, or uniform sampling, over the raw
+product of the searched dimensions, with nothing pruned and nothing seeded.
 """
 
 from __future__ import annotations
