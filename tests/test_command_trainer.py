@@ -1,8 +1,8 @@
 """The command trainer: templates checked at load time, and trials of tests/fake_trainer.py
 driven through the real node agent (parsearch.agent), one class of outcome per test.
 
-Not covered here yet: the local and MPI backends (not in the tree when this was written);
-they will run the same CommandNodeRun.
+Campaigns of the same fake trainer on the local and mpi backends are in
+tests/test_local_backend.py and tests/test_mpi_backend.py.
 """
 
 from __future__ import annotations

@@ -149,3 +149,42 @@ def test_run_and_best_with_the_built_in_trainer(space_file, tmp_path):
     )  # fmt: skip
     assert best.returncode == 0, best.stderr
     assert "best of campaign 'two-ranks'" in best.stdout and "tokens_per_s" in best.stdout
+
+
+@pytest.mark.e2e
+def test_command_trainer_campaign_on_the_local_backend(tmp_path):
+    """``parsearch run`` with a command trainer (tests/fake_trainer.py printing Megatron-LM's
+    lines from the last rank, out of memory when mbs/tp > 2) on this machine."""
+    fake = Path(__file__).with_name("fake_trainer.py")
+    command = [
+        "{python}", "{fake}", "--format", "megatron", "--tp", "{tp}", "--pp", "{pp}",
+        "--dp", "{dp}", "--mbs", "{mbs}", "--gas", "{gas}", "--global-batch", "{global_batch}",
+        "--seq-length", "{seq_length}", "--steps", "{steps}", "--print-rank", "last",
+        "--oom-above", "2", "--step-ms", "20",
+    ]  # fmt: skip
+    space = {
+        "name": "local-command",
+        "model": {"num_layers": 4, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+                  "seq_length": 32},
+        "allocation": {"nodes": 1, "devices_per_node": 2, "device": "cpu",
+                       "device_memory": "1GiB", "peak_tflops": 0.05},
+        "search": {"tp": [1, 2], "pp": [1, 2], "mbs": [1, 2, 4]},
+        "global_batch": 8,
+        "trainer": {"kind": "command", "parser": "megatron", "steps": 4, "warmup_steps": 1,
+                    "timeout": 60, "command": command,
+                    "vars": {"python": sys.executable, "fake": str(fake)}},
+    }  # fmt: skip
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    done = subprocess.run(
+        [sys.executable, "-m", "parsearch", "run", "space.yaml", "--store", "x.db",
+         "--budget", "3", "--quiet"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3/3 trials finished" in done.stdout
+    frame = __import__("parsearch").results(tmp_path / "x.db")
+    assert set(frame["state"]) == {"ok", "oom"}
+    ok = frame[frame["state"] == "ok"]
+    assert (ok["tokens_per_s"] > 0).all()
+    oom = frame[frame["state"] == "oom"]
+    assert (oom["mbs"] / oom["tp"] > 2).all()
