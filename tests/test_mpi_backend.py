@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from bench_helpers import child_pids_alive
 
 pytest.importorskip("mpi4py")
 
@@ -95,18 +96,6 @@ def trials(db: Path) -> list[dict]:
 
 def node_files(trial_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(trial_dir.glob("node*.json"))]
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.append(pid)
-    return left
 
 
 def test_driver_and_two_nodes_run_a_campaign(tmp_path):
@@ -191,7 +180,7 @@ def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path
     assert lost["error"].startswith("node lost: worker rank ")
     assert f"(pid {killed['pid']}) lost" in lost["error"]
     assert [row["state"] for row in rows if row is not lost] == ["ok"] * 3
-    assert alive(killed["pids"]) == []  # the trial's rank died with its worker
+    assert child_pids_alive(killed["pids"]) == []  # the trial's rank died with its worker
 
 
 def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path):
@@ -217,7 +206,7 @@ def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path)
     assert "budget reached; 4/4 trials finished (ok 3, error 1)" in done.stdout, done.stdout
     (lost,) = [row for row in trials(tmp_path / "x.db") if row["state"] == "error"]
     assert f"(pid {stopped['pid']}) lost: it sent nothing for " in lost["error"]
-    assert alive([stopped["pid"], *stopped["pids"]]) == []
+    assert child_pids_alive([stopped["pid"], *stopped["pids"]]) == []
 
 
 def test_workers_exit_when_the_driver_vanishes(tmp_path):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_helpers import child_pids_alive
 
 ray = pytest.importorskip("ray")
 
@@ -32,18 +33,6 @@ SPACE = {
     "global_batch": 8,
     "trainer": {"kind": "builtin", "steps": 2, "warmup_steps": 1, "timeout": 240},
 }  # fmt: skip
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.append(pid)
-    return left
 
 
 class Runner:
@@ -110,7 +99,7 @@ def test_bundles_of_one_and_two_nodes_and_a_killed_actor(tmp_path):
     assert [rows[n].state.value for n in range(5)] == ["ok", "ok", "ok", "error", "ok"]
     assert rows[3].error.startswith("node lost: the actor of node 0 on ")
     assert "ActorDiedError" in rows[3].error or "died" in rows[3].error
-    assert alive(json.loads(node_file.read_text())["pids"]) == []
+    assert child_pids_alive(json.loads(node_file.read_text())["pids"]) == []
     for number, nodes in ((0, 2), (4, 2)):
         trial_dir = work / f"trial-{number:05d}"
         files = [json.loads(p.read_text()) for p in sorted(trial_dir.glob("node*.json"))]
