@@ -188,3 +188,9 @@ def test_command_trainer_campaign_on_the_local_backend(tmp_path):
     assert (ok["tokens_per_s"] > 0).all()
     oom = frame[frame["state"] == "oom"]
     assert (oom["mbs"] / oom["tp"] > 2).all()
+
+
+@pytest.mark.parametrize("grace", ["-1", "0", "soon", "inf"])
+def test_a_grace_that_is_not_a_positive_number_is_refused(space_file, grace):
+    with pytest.raises(BackendError, match="local option grace must be a positive number of sec"):
+        create_backend("local", load_space(space_file), options={"grace": grace})

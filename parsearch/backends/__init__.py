@@ -25,6 +25,7 @@ store.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -105,6 +106,23 @@ def check_options(backend: str, options: Mapping[str, str], valid: Iterable[str]
         )
 
 
+def positive_option(
+    backend: str, options: Mapping[str, str], key: str, default: float, unit: str = ""
+) -> float:
+    """A ``--backend-opt`` that must be a positive finite number (``default`` when absent)."""
+    text = options.get(key)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        what = f"a positive number{' of ' + unit if unit else ''}"
+        raise BackendError(f"{backend} option {key} must be {what}, got {text!r}")
+    return value
+
+
 def _module(name: str) -> Any:
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
@@ -148,5 +166,6 @@ __all__ = [
     "check_options",
     "create_backend",
     "parse_options",
+    "positive_option",
     "serve_if_worker",
 ]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.agent import NodeRun, _uses_gpu, _visible_devices_var, free_port
-from parsearch.backends import Finished, check_options
+from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.guard import guarded
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult, TrialState
@@ -172,10 +172,5 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise BackendError(f"local option workdir: cannot create {workdir}: {error}") from None
-    try:
-        grace_s = float(options.get("grace", 3.0))
-    except ValueError:
-        raise BackendError(
-            f"local option grace must be seconds, got {options['grace']!r}"
-        ) from None
+    grace_s = positive_option("local", options, "grace", 3.0, "seconds")
     return LocalBackend(space, slots or 1, workdir, grace_s)

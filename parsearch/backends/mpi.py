@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parsearch.backends import Finished, check_options
+from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.mpi_worker import (
     BEAT_TAG,
     BYE,
@@ -126,11 +126,11 @@ class MPISettings:
         )
         settings = cls(
             workdir=workdir,
-            grace_s=_seconds(options, "grace", 3.0),
+            grace_s=positive_option("mpi", options, "grace", 3.0, "seconds"),
             driver_worker=driver_worker,
-            heartbeat_s=_seconds(options, "heartbeat", 1.0),
-            lost_after_s=_seconds(options, "lost_after", 30.0),
-            driver_timeout_s=_seconds(options, "driver_timeout", 300.0),
+            heartbeat_s=positive_option("mpi", options, "heartbeat", 1.0, "seconds"),
+            lost_after_s=positive_option("mpi", options, "lost_after", 30.0, "seconds"),
+            driver_timeout_s=positive_option("mpi", options, "driver_timeout", 300.0, "seconds"),
         )
         if settings.lost_after_s < 3 * settings.heartbeat_s:
             raise BackendError(
@@ -138,19 +138,6 @@ class MPISettings:
                 f"heartbeats ({3 * settings.heartbeat_s:g} s)"
             )
         return settings
-
-
-def _seconds(options: Mapping[str, str], key: str, default: float) -> float:
-    text = options.get(key)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < math.inf:
-        raise BackendError(f"mpi option {key} must be a positive number of seconds, got {text!r}")
-    return value
 
 
 @dataclass

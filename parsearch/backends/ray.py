@@ -29,7 +29,6 @@ Options (``--backend-opt key=value``):
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.agent import _uses_gpu
-from parsearch.backends import Finished, check_options
+from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult, TrialState
@@ -111,8 +110,8 @@ class RayBackend:
         self.space = space
         self._slots = slots
         self._workdir = options.get("workdir")
-        self._grace_s = _number(options, "grace", 3.0)
-        self._start_timeout_s = _number(options, "start_timeout", 600.0)
+        self._grace_s = positive_option("ray", options, "grace", 3.0)
+        self._start_timeout_s = positive_option("ray", options, "start_timeout", 600.0)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             init: dict[str, Any] = {
@@ -123,7 +122,7 @@ class RayBackend:
             if "address" in options:
                 init["address"] = options["address"]
             elif "num_cpus" in options:
-                init["num_cpus"] = int(_number(options, "num_cpus", 1))
+                init["num_cpus"] = int(positive_option("ray", options, "num_cpus", 1))
             try:
                 ray.init(**init)
             except (ConnectionError, RuntimeError, ValueError) as error:
@@ -333,19 +332,6 @@ class RayBackend:
             "grace_s": self._grace_s,
             "start_timeout_s": self._start_timeout_s,
         }
-
-
-def _number(options: Mapping[str, str], key: str, default: float) -> float:
-    text = options.get(key)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < math.inf:
-        raise BackendError(f"ray option {key} must be a positive number, got {text!r}")
-    return value
 
 
 def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str]) -> RayBackend:
