@@ -166,3 +166,22 @@ def test_a_driver_that_lost_its_lease_notices_and_releases_nothing(tmp_path):
                 lease.check()
         with pytest.raises(CampaignLockedError, match="usurper"):
             store.acquire_lease(campaign.id, "third", stale_after_s=60.0)
+
+
+def test_an_idle_backend_still_releasing_a_slot_is_waited_for(tmp_path):
+    """Ray keeps a finished trial's placement group until its actors close: for a moment
+    no trial runs and no slot is free. The driver waits for it instead of failing."""
+    settings = _simulate(1, delay=0.01, release=0.3)
+    began = time.monotonic()
+    summary = start_campaign(TINY, tmp_path / "c.db", budget=4, settings=settings)
+    assert summary.outcome is Outcome.BUDGET and summary.finished == 4
+    assert time.monotonic() - began >= 3 * 0.3  # each next trial waited for the release
+
+
+def test_a_backend_whose_slot_never_frees_is_an_error_after_the_room_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr("parsearch.campaign.driver.ROOM_WAIT_S", 0.5)
+    settings = _simulate(1, release=3600)
+    with pytest.raises(BackendError, match=r"has had no free slot for 0\.5 s although no trial"):
+        start_campaign(TINY, tmp_path / "c.db", budget=4, settings=settings)
+    _, trials = _trials(tmp_path / "c.db")
+    assert [t.state for t in trials] == [TrialState.OK]  # what finished is kept

@@ -185,7 +185,10 @@ def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path
 
 def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path):
     """SIGSTOP (not a death: hydra sees nothing): the driver's heartbeat check loses it;
-    once it runs again it obeys the cancel and the exit, so the job ends at once."""
+    once it runs again it obeys the cancel and the exit, so the job ends at once. The pause
+    outlasts the campaign, so the driver has exited by then: hydra must not clean up the
+    job when rank 0 ends (``-disable-auto-cleanup``, as the module's docstring asks), or it
+    SIGKILLs the stopped worker and mpiexec ends with 9."""
     work = tmp_path / "work"
     stopped: dict = {}
 
@@ -195,12 +198,15 @@ def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path)
             time.sleep(0.02)
         stopped.update(json.loads(started[0].read_text()))
         os.kill(stopped["pid"], signal.SIGSTOP)
-        time.sleep(6.0)
+        time.sleep(12.0)
         os.kill(stopped["pid"], signal.SIGCONT)
 
     pauser = threading.Thread(target=pause_first_worker)
     pauser.start()
-    done = run_campaign(tmp_path, 3, 1, 4, "lost_after=3", "heartbeat=0.5", steps=200, timeout=300)
+    done = run_campaign(
+        tmp_path, 3, 1, 4, "lost_after=3", "heartbeat=0.5", steps=200, timeout=300,
+        options=["-disable-auto-cleanup"],
+    )  # fmt: skip
     pauser.join()
     assert done.returncode == 0, done.stdout
     assert "budget reached; 4/4 trials finished (ok 3, error 1)" in done.stdout, done.stdout

@@ -15,7 +15,9 @@ Options (``--backend-opt key=value``):
   can make the estimate wrong by a known amount; above the space's memory limit the trial
   is ``oom``;
 * ``seed``: the noise seed (default: the trial's, which is the campaign seed);
-* ``fail_rate``: probability that a trial ends in ``error`` (default 0), as crashes do.
+* ``fail_rate``: probability that a trial ends in ``error`` (default 0), as crashes do;
+* ``release``: seconds a finished trial's slot stays taken after its result is reported
+  (default 0), as Ray keeps a placement group until its actors have closed.
 
 A trial whose simulated run (warm-up and measured steps) would exceed its timeout is a
 ``timeout``.
@@ -39,7 +41,9 @@ from parsearch.space import SearchSpace
 from parsearch.trial import TrialSpec
 from parsearch.units import format_bytes, parse_bytes
 
-OPTIONS = ("delay", "jitter", "noise", "mem_factor", "mem_offset", "seed", "fail_rate")
+OPTIONS = (
+    "delay", "jitter", "noise", "mem_factor", "mem_offset", "seed", "fail_rate", "release"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class SimulateSettings:
     mem_offset_bytes: float = 0.0
     seed: int | None = None
     fail_rate: float = 0.0
+    release_s: float = 0.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SimulateSettings:
@@ -90,6 +95,7 @@ class SimulateSettings:
             mem_offset_bytes=offset,
             seed=int(number("seed", 0, 0)) if "seed" in options else None,
             fail_rate=number("fail_rate", 0.0, 0.0, 1.0),
+            release_s=number("release", 0.0, 0.0),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,6 +107,7 @@ class SimulateSettings:
             "mem_offset": self.mem_offset_bytes,
             "seed": self.seed,
             "fail_rate": self.fail_rate,
+            "release": self.release_s,
         }
 
 
@@ -160,6 +167,7 @@ class SimulateBackend:
         # (due time, submission number, trial id, slot, result): a heap ordered by due time.
         self._running: list[tuple[float, int, str, int, TrialResult]] = []
         self._free = list(range(slots))
+        self._releasing: list[tuple[float, int]] = []  # (free again at, slot)
         self._submitted = 0
 
     @property
@@ -167,10 +175,13 @@ class SimulateBackend:
         return self._slots
 
     def free_slots(self) -> int:
+        now = time.monotonic()
+        self._free += [slot for at, slot in self._releasing if at <= now]
+        self._releasing = [(at, slot) for at, slot in self._releasing if at > now]
         return len(self._free)
 
     def submit(self, spec: TrialSpec) -> list[str]:
-        if not self._free:
+        if not self.free_slots():
             raise BackendError(f"simulate backend: all {self._slots} slots are busy")
         slot = self._free.pop()
         result = simulate_trial(self.space, spec, self.settings)
@@ -194,7 +205,7 @@ class SimulateBackend:
         done = []
         while self._running and self._running[0][0] <= now:
             _, _, trial_id, slot, result = heapq.heappop(self._running)
-            self._free.append(slot)
+            self._releasing.append((now + self.settings.release_s, slot))
             done.append(Finished(trial_id, result))
         return done
 
@@ -208,6 +219,7 @@ class SimulateBackend:
 
     def close(self) -> None:
         self._running.clear()
+        self._releasing.clear()
         self._free = list(range(self._slots))
 
     def describe(self) -> dict[str, Any]:

@@ -36,6 +36,10 @@ from parsearch.store import Campaign, SQLiteStore, TrialRecord
 from parsearch.trial import TrialSpec
 
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
+# How long an idle backend may report no free slot before the driver calls it an error:
+# Ray holds a finished trial's placement group until its actors have closed (seconds on a
+# loaded node), and a cluster's nodes may still be joining.
+ROOM_WAIT_S = 120.0
 
 
 class Outcome(str, enum.Enum):
@@ -95,6 +99,7 @@ class Driver:
         self.interrupted = 0
         self._started = time.monotonic()
         self._finished_here = 0
+        self._no_room_since: float | None = None
         # Trial ids name work directories: unique across campaigns and attempts, path-safe.
         self._slug = re.sub(r"[^A-Za-z0-9._-]+", "_", campaign.name)
 
@@ -124,14 +129,31 @@ class Driver:
                 return self._drain(Outcome.TIMED_OUT)
             exhausted = self._dispatch()
             if not self.running:
+                if self._awaiting_room(exhausted):
+                    continue
                 return self._complete(exhausted)
             self.progress.update(self.snapshot())
             self._record(self.backend.poll(self._poll_timeout()))
 
+    def _awaiting_room(self, exhausted: bool) -> bool:
+        """Whether to wait (briefly, polling the backend) for a slot to free although no
+        trial runs: the backend may still be releasing a finished trial's resources."""
+        if exhausted or self.finished >= self.settings.budget:
+            return False
+        now = time.monotonic()
+        if self._no_room_since is None:
+            self._no_room_since = now
+        if now - self._no_room_since >= ROOM_WAIT_S:
+            return False
+        self.backend.poll(0.0)
+        time.sleep(min(self.settings.poll_s, 0.05))
+        return True
+
     def _complete(self, exhausted: bool) -> Outcome:
         if self.finished < self.settings.budget and not exhausted:
             raise BackendError(
-                f"backend '{self.backend.name}' has no free slot although no trial runs"
+                f"backend '{self.backend.name}' has had no free slot for {ROOM_WAIT_S:g} s "
+                "although no trial runs"
             )
         if self.queue:  # re-queued trials the (lowered) budget leaves no room for
             self.interrupted = self.store.mark_interrupted(self.campaign.id)
@@ -180,6 +202,7 @@ class Driver:
             seed=self.campaign.seed,
         )
         hosts = self.backend.submit(spec)
+        self._no_room_since = None
         self.running[spec.trial_id] = self.store.mark_running(
             record.id, hosts, attempt=record.attempt + 1
         )
