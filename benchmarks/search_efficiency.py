@@ -50,7 +50,7 @@ import numpy as np
 
 from parsearch.backends.simulate import SimulateBackend, SimulateSettings, simulate_trial
 from parsearch.campaign.calibration import CalibratedEstimate
-from parsearch.campaign.driver import DEFAULT_TRIAL_TIMEOUT_S, Driver, DriverSettings
+from parsearch.campaign.driver import Driver, DriverSettings
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.optimizer import CBOSettings
 from parsearch.campaign.strategy import (
@@ -283,7 +283,7 @@ def measure(space: SearchSpace, machine: Machine, seed: int, layout: ParallelLay
         layout=layout,
         allocation=truth.allocation,
         trainer=dict(truth.trainer),
-        timeout_s=float(truth.trainer.get("timeout", DEFAULT_TRIAL_TIMEOUT_S)),
+        timeout_s=truth.trial_timeout_s,
         seed=seed,
     )
     return simulate_trial(truth, spec, machine.backend(seed))

@@ -99,6 +99,9 @@ _BUILTIN_TRAINER_KEYS = (
 SCHEDULES = ("1f1b", "gpipe")
 
 
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """A validated search space. ``dimensions`` maps each layout field to its candidates."""
@@ -129,6 +132,20 @@ class SearchSpace:
     @property
     def schedule(self) -> str:
         return str(self.trainer.get("schedule", "1f1b"))
+
+    @property
+    def trial_timeout_s(self) -> float:
+        """Seconds a trial may run (``trainer.timeout``) before it is killed as ``timeout``."""
+        return float(self.trainer.get("timeout", DEFAULT_TRIAL_TIMEOUT_S))
+
+    @property
+    def timed_steps(self) -> int:
+        """Training steps a trial surely runs: the built-in trainer runs ``warmup_steps``
+        more than ``steps``; a command trainer's ``steps`` include its warm-up."""
+        steps = int(self.trainer.get("steps", 10))
+        if self.trainer.get("kind", "builtin") == "builtin":
+            steps += int(self.trainer.get("warmup_steps", 0))
+        return steps
 
     @property
     def searched(self) -> dict[str, tuple[Any, ...]]:
@@ -219,6 +236,24 @@ class SpacePlan:
     @property
     def not_dividing_count(self) -> int:
         return sum(self.not_dividing.values())
+
+    def timeout_warning(self, top: int = 10) -> str | None:
+        """Say so when some of the ``top`` predicted-best layouts would outlast the trial
+        timeout: a campaign tries them last and kills them, so the space's optimum may
+        never be measured; the fix (a longer timeout, fewer steps) is the user's to choose."""
+        space = self.space
+        limit, steps = space.trial_timeout_s, space.timed_steps
+        needed = [p.step_time_s * steps for _, p in self.feasible[:top]]
+        over = [seconds for seconds in needed if seconds > limit]
+        if not over:
+            return None
+        return (
+            f"{space.source}: {len(over)} of the {len(needed)} best predicted layouts need "
+            f"longer than trainer.timeout ({limit:g} s) for their {steps} steps (up to "
+            f"{max(over):.0f} s predicted); a campaign tries them last and kills them as "
+            f"timeouts. Raise trainer.timeout to about {1.5 * max(needed):.0f} or lower "
+            "trainer.steps"
+        )
 
     def require_runnable(self, *, keep_predicted_oom: bool = False) -> None:
         """Raise a :class:`SpaceError` explaining why nothing in the space can run."""

@@ -166,3 +166,14 @@ def test_queries_work_while_a_campaign_runs(tmp_path):
         driver.terminate()
         driver.communicate(timeout=30)
     assert driver.returncode == 0
+
+
+def test_run_warns_of_a_trial_timeout_too_short_for_the_best_layouts(tmp_path, capsys):
+    space = tmp_path / "short.yaml"
+    space.write_text(GPT175.read_text().replace("timeout: 1200", "timeout: 100"))
+    code, out, err = _cli(
+        capsys, "run", str(space), "--store", str(tmp_path / "c.db"), "--backend", "simulate",
+        "--budget", "3", "--quiet",
+    )  # fmt: skip
+    assert code == 0 and "budget reached" in out
+    assert err.startswith(f"warning: {space}: ") and "longer than trainer.timeout (100 s)" in err

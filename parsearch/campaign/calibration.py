@@ -299,16 +299,14 @@ class CalibratedEstimate:
         self.predicted_step = np.array([c.prediction.step_time_s for c in self.items])
         self.memory = MemoryCalibration(space.memory_limit_bytes)
         self.step = StepTimeCalibration()
-        self.timeout_s, self.timed_steps = trial_time_limit(space)
+        self.timeout_s, self.timed_steps = space.trial_timeout_s, space.timed_steps
 
     def fits(self) -> np.ndarray:
         """Which items the calibrated memory estimate expects to fit."""
         return self.memory.fits(self.predicted_mem)
 
     def in_time(self) -> np.ndarray:
-        """Which items' calibrated steps finish within the trial timeout (all without one)."""
-        if self.timeout_s is None:
-            return np.ones(len(self.items), dtype=bool)
+        """Which items' calibrated steps finish within the trial timeout."""
         return self.step.step_time(self.parts) * self.timed_steps <= self.timeout_s
 
     def objective(self) -> np.ndarray:
@@ -337,17 +335,5 @@ class CalibratedEstimate:
     def timed_out(self, layout: ParallelLayout) -> None:
         """A trial of ``layout`` ran out of time: its steps took at least the timeout."""
         i = self.index.get(layout.key())
-        if i is not None and self.timeout_s is not None:
+        if i is not None:
             self.step.add(self.parts[i], self.timeout_s / self.timed_steps, at_least=True)
-
-
-def trial_time_limit(space: SearchSpace) -> tuple[float | None, int]:
-    """The space's trial timeout (``None`` when it sets none) and the steps a trial surely
-    runs: the built-in trainer runs ``warmup_steps`` more than ``steps``; a command
-    trainer's ``steps`` include its warm-up."""
-    trainer = space.trainer
-    steps = int(trainer.get("steps", 10))
-    if trainer.get("kind", "builtin") == "builtin":
-        steps += int(trainer.get("warmup_steps", 0))
-    timeout = trainer.get("timeout")
-    return (None if timeout is None else float(timeout)), steps

@@ -35,7 +35,6 @@ from parsearch.space import SearchSpace
 from parsearch.store import Campaign, SQLiteStore, TrialRecord
 from parsearch.trial import TrialSpec
 
-DEFAULT_TRIAL_TIMEOUT_S = 600.0
 # How long an idle backend may report no free slot before the driver calls it an error:
 # Ray holds a finished trial's placement group until its actors have closed (seconds on a
 # loaded node), and a cluster's nodes may still be joining.
@@ -90,7 +89,7 @@ class Driver:
         self.stop = stop or StopRequest()
         self.progress = progress or Progress(enabled=False)
         self.metric = campaign.objective_metric
-        self.trial_timeout_s = float(space.trainer.get("timeout", DEFAULT_TRIAL_TIMEOUT_S))
+        self.trial_timeout_s = space.trial_timeout_s
         self.running: dict[str, TrialRecord] = {}
         self.queue: deque[TrialRecord] = deque()
         self.finished = 0

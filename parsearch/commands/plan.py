@@ -30,6 +30,7 @@ def plan_rows(plan: SpacePlan, top: int) -> list[dict[str, Any]]:
     for rank, (layout, prediction) in enumerate(plan.feasible[:top], start=1):
         row: dict[str, Any] = {"rank": rank, **layout.to_dict()}
         row.update(prediction.to_dict())
+        row["trial_s"] = prediction.step_time_s * plan.space.timed_steps
         del row["fits"]
         rows.append(row)
     return rows
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
             writer.writerows(rows)
     else:
         _print_table(space, plan, counts, rows)
+    warning = plan.timeout_warning()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -83,7 +87,7 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
     header = (
         f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>5} {'mbs':>3} {'gas':>4} {'zero':>4} "
         f"{'recomp':>9} {'vpp':>3} {'sp':>3} {'step s':>9} {'tokens/s':>11} "
-        f"{'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10}"
+        f"{'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10} {'trial s':>8}"
     )
     print(header)
     for row in rows:
@@ -92,5 +96,5 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
             f"{row['gas']:>4} {row['zero_stage']:>4} {row['recompute']:>9} {row['vpp']:>3} "
             f"{'y' if row['sequence_parallel'] else 'n':>3} {row['step_time_s']:>9.3g} "
             f"{row['tokens_per_s']:>11.4g} {row['tflops_per_device']:>8.3g} "
-            f"{row['mfu']:>6.1%} {format_bytes(row['peak_mem_bytes']):>10}"
+            f"{row['mfu']:>6.1%} {format_bytes(row['peak_mem_bytes']):>10} {row['trial_s']:>8.0f}"
         )

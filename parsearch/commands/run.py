@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from parsearch.backends import parse_options, serve_if_worker
@@ -10,14 +11,16 @@ from parsearch.campaign.arguments import add_session_arguments, positive_int
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.campaign.strategy import STRATEGIES
+from parsearch.space import load_space
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="search a space: run trials chosen by Bayesian optimisation, record them",
-        description="Start a campaign: DeepHyper's CBO proposes layouts the space's rules and "
-        "memory estimate allow, seeded by the estimate's best; each runs as a short real "
+        description="Start a campaign: the analytic estimate, calibrated by every result, and "
+        "DeepHyper's CBO propose layouts the space's rules and memory allow; each runs as a "
+        "short real "
         "training trial (or a simulated one) and is recorded in the store. Stop it with "
         "SIGTERM/SIGINT/SIGUSR1 (running trials drain), continue it with `parsearch resume`.",
     )
@@ -32,8 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--strategy",
         choices=list(STRATEGIES),
         default="default",
-        help="default: CBO over what divides and fits, seeded by the estimate; cbo-raw: "
-        "plain CBO over the raw space; random: uniform over the raw space",
+        help="default: the estimate, calibrated online from each result, ranks what "
+        "divides and fits, with a share of DeepHyper CBO proposals; cbo-raw: plain CBO over "
+        "the raw space; random: uniform over the raw space",
     )
     parser.add_argument(
         "--keep-predicted-oom",
@@ -70,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         grace_s=args.grace,
         lease_timeout_s=args.lease_timeout,
     )
+    warning = load_space(args.space).plan().timeout_warning()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     summary = start_campaign(
         args.space,
         args.store,
