@@ -130,11 +130,12 @@ def default_command(trial_dir: Path) -> list[str]:
     ]
 
 
-def _uses_gpu(spec: TrialSpec) -> bool:
+def uses_gpu(spec: TrialSpec) -> bool:
+    """Whether the trial's ranks each take a GPU (backends size their slots by it)."""
     return spec.allocation.device != "cpu" and spec.trainer.get("device", "auto") != "cpu"
 
 
-def _visible_devices_var() -> str:
+def visible_devices_var() -> str:
     """ROCm (``/dev/kfd``, or ROCR_VISIBLE_DEVICES already in use) or CUDA; one of the two
     only, because both filters would apply one after the other."""
     if "ROCR_VISIBLE_DEVICES" in os.environ or Path("/dev/kfd").exists():
@@ -257,10 +258,10 @@ class NodeRun:
         tmp.replace(spec_path)
         self._start = time.monotonic()
         local_ranks = self.global_ranks()
-        forked = self._forks_builtin_trainer()
+        forked = self.forks_builtin_trainer()
         for local, rank in enumerate(local_ranks):
             log = self.trial_dir / f"rank{rank}.log"
-            env = self._rank_env(rank, local, len(local_ranks))
+            env = self.rank_env(rank, local, len(local_ranks))
             if forked:
                 from parsearch.bench.prefork import ForkedRank
 
@@ -270,7 +271,7 @@ class NodeRun:
             self.ranks.append(_Rank(rank, process.pid, log, process))
         return self
 
-    def _forks_builtin_trainer(self) -> bool:
+    def forks_builtin_trainer(self) -> bool:
         """Whether the ranks are the built-in trainer, unchanged (a backend may prefix a
         guard to the command), and may be forked warm (:mod:`parsearch.bench.prefork`)."""
         if not self.prefork or self.command != default_command(self.trial_dir):
@@ -279,7 +280,9 @@ class NodeRun:
 
         return prefork.available()
 
-    def _rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
+    def rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
+        """The environment of one rank: the launcher variables torch, Megatron and
+        DeepSpeed read, and its device; a trainer kind may add its own."""
         env = dict(os.environ)
         env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -297,8 +300,8 @@ class NodeRun:
         # Make the rank's source importable when it runs from the trial directory.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        if _uses_gpu(self.spec):
-            var = _visible_devices_var()
+        if uses_gpu(self.spec):
+            var = visible_devices_var()
             visible = env.get(var)
             devices = visible.split(",") if visible else None
             env[var] = devices[local % len(devices)] if devices else str(local)

@@ -396,7 +396,7 @@ def test_environment_of_each_mode(monkeypatch):
         spec = make_spec(trainer, dp=4, mbs=1, gas=1)
         spec.allocation = gpu
         node = node_run(spec, 0, 1, "127.0.0.1", 1234, Path("/tmp/unused"), env=backend_env)
-        return node._rank_env(2, 2, 4)
+        return node.rank_env(2, 2, 4)
 
     per_rank = env()
     assert env(backend_env={"TP_TIMES": "slot"})["TP_TIMES"] == "slot"  # the backend's wins

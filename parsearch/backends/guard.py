@@ -37,7 +37,7 @@ def guarded(run: NodeRun) -> NodeRun:
 
     Only the command's prefix changes, so the agent's handling of a custom command (the
     command trainer) is unaffected."""
-    if not run._forks_builtin_trainer():
+    if not run.forks_builtin_trainer():
         guard = [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())]
         run.command = guard + run.command
     return run

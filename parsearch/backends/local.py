@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import NodeRun, _uses_gpu, _visible_devices_var, free_port
+from parsearch.agent import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.guard import guarded
 from parsearch.errors import BackendError
@@ -105,9 +105,9 @@ class LocalBackend:
 
     def _slot_env(self, spec: TrialSpec, slot: int) -> dict[str, str]:
         """On GPUs, the devices of ``slot``: each concurrent trial gets its own."""
-        if self._slots == 1 or not _uses_gpu(spec):
+        if self._slots == 1 or not uses_gpu(spec):
             return {}
-        var = _visible_devices_var()
+        var = visible_devices_var()
         visible = os.environ.get(var)
         per_trial = spec.ranks_per_node
         devices = (

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import _uses_gpu
+from parsearch.agent import uses_gpu
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.errors import BackendError
@@ -172,7 +172,7 @@ class RayBackend:
             raise BackendError(
                 f"ray backend: no room for the {spec.nodes} nodes of {spec.trial_id}"
             )
-        gpu = _uses_gpu(spec)
+        gpu = uses_gpu(spec)
         bundle = {"GPU" if gpu else "CPU": spec.ranks_per_node}
         group = placement_group([dict(bundle) for _ in range(spec.nodes)], strategy="SPREAD")
         actors = [

@@ -308,8 +308,8 @@ class CommandNodeRun(NodeRun):
         super().start()
         return self
 
-    def _rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
-        env = super()._rank_env(rank, local, local_world)
+    def rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
+        env = super().rank_env(rank, local, local_world)
         if self.per_node or not self.settings.section["bind_devices"]:
             inherited = {**os.environ, **self.extra_env}
             for var in _DEVICE_VARS:
