@@ -60,14 +60,9 @@ done
 sleep 15
 
 # --- The campaign: one driver process on this node -------------------------------------------
-if parsearch status --store "${STORE}" --name "${NAME}" >/dev/null 2>&1; then
-    parsearch resume --store "${STORE}" --name "${NAME}" --backend ray \
-        --backend-opt address="${RAY_ADDRESS}" --grace "${GRACE}" "${EXTRA[@]}" &
-else
-    parsearch run "${SPACE}" --store "${STORE}" --name "${NAME}" --budget "${BUDGET}" \
-        --backend ray --backend-opt address="${RAY_ADDRESS}" --grace "${GRACE}" \
-        "${EXTRA[@]}" &
-fi
+# `run --resume` starts the campaign, or continues it when the store already holds it.
+parsearch run "${SPACE}" --store "${STORE}" --name "${NAME}" --budget "${BUDGET}" --resume \
+    --backend ray --backend-opt address="${RAY_ADDRESS}" --grace "${GRACE}" "${EXTRA[@]}" &
 DRIVER=$!
 # A batch shell runs a trap only while it waits on a background child: hence the & above.
 trap 'echo "parsearch: time limit near, draining"; kill -USR1 "${DRIVER}"' USR1

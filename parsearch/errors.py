@@ -36,7 +36,13 @@ class StoreError(ParsearchError):
 
 
 class CampaignLockedError(StoreError):
-    """Another live driver holds the campaign's lease."""
+    """Another live driver holds the campaign's lease.
+
+    Its own exit code (75, ``EX_TEMPFAIL``: try again later) lets a job script tell "a
+    killed driver's lease has not gone stale yet" from a real failure.
+    """
+
+    exit_code = 75
 
 
 class BackendError(ParsearchError):

@@ -14,6 +14,7 @@ import yaml
 from parsearch.campaign import results
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.cli import main
+from parsearch.store import open_store
 
 ROOT = Path(__file__).parent.parent
 GPT175 = ROOT / "search_spaces" / "gpt-175b-frontier.yaml"
@@ -177,3 +178,68 @@ def test_run_warns_of_a_trial_timeout_too_short_for_the_best_layouts(tmp_path, c
     )  # fmt: skip
     assert code == 0 and "budget reached" in out
     assert err.startswith(f"warning: {space}: ") and "longer than trainer.timeout (100 s)" in err
+
+
+def _run_resume(capsys, space, db, *extra):
+    return _cli(
+        capsys, "run", str(space), "--store", str(db), "--backend", "simulate", "--quiet",
+        "--resume", *extra,
+    )  # fmt: skip
+
+
+def test_run_resume_starts_a_campaign_then_continues_it(tmp_path, capsys):
+    """One command for every job of a chain: the first creates, the next ones continue."""
+    db = tmp_path / "c.db"
+    code, out, _ = _run_resume(capsys, TINY, db, "--budget", "3")
+    assert code == 0 and "3/3 trials finished" in out
+    code, out, _ = _run_resume(capsys, TINY, db)  # no --budget: the stored one
+    assert code == 0 and "3/3 trials finished" in out
+    code, out, err = _run_resume(capsys, TINY, db, "--budget", "5", "--slots", "2")
+    assert code == 0 and "5/5 trials finished" in out and "warning" not in err
+    frame = results(db)
+    assert len(frame) == 5 and frame["key"].is_unique and sorted(frame["number"]) == [0, 1, 2, 3, 4]
+    code, _, err = _cli(capsys, "run", str(TINY), "--store", str(db), "--backend", "simulate")
+    assert code == 1 and "already exists" in err and "run --resume" in err
+
+
+def test_run_resume_keeps_the_stored_space_and_says_so(tmp_path, capsys):
+    db = tmp_path / "c.db"
+    assert _run_resume(capsys, TINY, db, "--budget", "2")[0] == 0
+    edited = tmp_path / "tiny-cpu.yaml"
+    edited.write_text(TINY.read_text().replace("steps: 4", "steps: 5"))
+    code, out, err = _run_resume(capsys, edited, db, "--name", "tiny-cpu", "--budget", "3")
+    assert code == 0 and "3/3 trials finished" in out
+    assert f"warning: {edited} differs from the space campaign 'tiny-cpu'" in err
+
+
+def test_run_resume_recovers_a_store_a_killed_driver_left_mid_write(tmp_path, capsys):
+    """A driver killed inside a transaction leaves a hot journal, which read-only commands
+    cannot roll back (``status`` refuses the store); ``run --resume`` opens it to write."""
+    db = tmp_path / "c.db"
+    assert _run_resume(capsys, TINY, db, "--budget", "2")[0] == 0
+    crash = subprocess.run(
+        [sys.executable, "-c", (
+            "import os, sqlite3\n"
+            f"raw = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+            "raw.execute('PRAGMA cache_size = 1')\n"
+            "raw.execute('BEGIN IMMEDIATE')\n"
+            "raw.execute(\"UPDATE trials SET state = 'error', log_tail = zeroblob(100000)\")\n"
+            "os._exit(1)\n"
+        )], timeout=60,
+    )  # fmt: skip
+    assert crash.returncode == 1 and db.with_name("c.db-journal").exists()
+    code, _, err = _cli(capsys, "status", "--store", str(db))
+    assert code == 1 and "unfinished write" in err
+    code, out, _ = _run_resume(capsys, TINY, db, "--budget", "4")
+    assert code == 0 and "4/4 trials finished (ok 4)" in out
+
+
+def test_a_campaign_another_driver_holds_exits_75_to_be_retried(tmp_path, capsys):
+    db = tmp_path / "c.db"
+    assert _run_resume(capsys, TINY, db, "--budget", "2")[0] == 0
+    with open_store(db) as store:
+        store.acquire_lease(store.get_campaign().id, "live-driver", stale_after_s=60.0)
+    code, _, err = _cli(capsys, "resume", "--store", str(db), "--budget", "3", "--quiet")
+    assert code == 75 and "being run by another parsearch driver" in err
+    code, _, err = _run_resume(capsys, TINY, db, "--budget", "3")
+    assert code == 75 and "being run by another parsearch driver" in err

@@ -121,15 +121,26 @@ def _parse(words: list[str]):
 def test_every_parsearch_invocation_parses_with_the_real_cli(name):
     invocations = _expanded(name)
     commands = {words[0] for words in invocations}
-    assert {"run", "resume", "status", "report"} <= commands, commands
+    assert {"run", "status", "report"} <= commands, commands
     for words in invocations:
         args = _parse(words)
-        if args.command in ("run", "resume"):
+        if args.command == "run":
+            assert args.resume, "every job of a chain starts or continues the campaign"
             assert args.backend == SCRIPTS[name], words
             assert args.store.endswith(".db")
             assert args.grace is not None  # the drain time is chosen, not left to chance
-        if args.command == "run":
             load_space(ROOT / args.space)
+
+
+TRAINER_SCRIPTS = sorted(p.name for p in JOBS.glob("*.sbatch") if p.name not in SCRIPTS)
+
+
+@pytest.mark.parametrize("name", TRAINER_SCRIPTS)
+def test_trainer_scripts_start_or_continue_their_campaign_over_mpi(name):
+    (words,) = _expanded(name)
+    args = _parse(words)
+    assert args.command == "run" and args.resume and args.backend == "mpi", words
+    assert load_space(ROOT / args.space).trainer["kind"] == "command"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from parsearch.backends import BACKENDS
+from parsearch.backends import BACKENDS, parse_options
 from parsearch.units import parse_bytes
 
 
@@ -16,12 +17,13 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> None:
-    """Options of ``run`` and ``resume``; on resume, omitted ones keep the stored values."""
+    """Options of ``run`` and ``resume``; on resume (and ``run --resume``), omitted ones
+    keep the stored values, so they all default to ``None`` here: see
+    :func:`session_overrides`."""
     keep = " (default: as stored)" if resume else ""
     parser.add_argument(
         "--backend",
         choices=list(BACKENDS),
-        default=None if resume else "local",
         help=f"where trials run{keep or ' (default: local)'}",
     )
     parser.add_argument(
@@ -45,20 +47,32 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
         "--grace",
         type=float,
         metavar="SECONDS",
-        default=None if resume else 60.0,
         help=f"on SIGTERM/SIGINT/SIGUSR1, wait this long for running trials{keep or ' (60)'}",
     )
     parser.add_argument(
         "--lease-timeout",
         type=float,
         metavar="SECONDS",
-        default=None if resume else 60.0,
         help="a driver silent this long is presumed dead and its campaign taken over"
         f"{keep or ' (60)'}",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress display, only the final summary"
     )
+
+
+def session_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The session options given on the command line, as :class:`CampaignSettings` fields."""
+    given: dict[str, Any] = {
+        "backend": args.backend,
+        "slots": args.slots,
+        "timeout_s": args.timeout,
+        "grace_s": args.grace,
+        "lease_timeout_s": args.lease_timeout,
+    }
+    if args.backend_opt is not None:
+        given["backend_options"] = parse_options(args.backend_opt)
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def memory_size(text: str) -> int:

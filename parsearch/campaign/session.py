@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ from parsearch.errors import ParsearchError, StoreError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+
+DEFAULT_BUDGET = 50
 
 
 @dataclass(frozen=True)
@@ -103,22 +106,41 @@ def start_campaign(
     store_path: str | Path,
     *,
     name: str | None = None,
-    budget: int,
+    budget: int | None = None,
     seed: int = 0,
     settings: CampaignSettings = CampaignSettings(),
     progress: Progress | None = None,
+    resume_overrides: dict[str, Any] | None = None,
 ) -> SessionSummary:
-    """Create a campaign for the space at ``space_path`` and run it."""
-    _check_budget(budget)
+    """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
+    to :data:`DEFAULT_BUDGET`).
+
+    A campaign of that name already in the store is refused, unless ``resume_overrides``
+    is given: it is then continued as :func:`resume_campaign` would, with those overrides
+    and ``budget`` (if given) as its new total. One command then serves every job of a
+    chain, and opening the store to write first recovers it after a killed driver.
+    """
+    if budget is not None:
+        _check_budget(budget)
     space = load_space(space_path)
     name = name or space.name
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
-            raise StoreError(
-                f"campaign '{name}' already exists in {store.path}; continue it with "
-                f"`parsearch resume --store {store_path} --name {name}`, or pass another --name"
-            )
+            if resume_overrides is None:
+                raise StoreError(
+                    f"campaign '{name}' already exists in {store.path}; continue it with "
+                    f"`parsearch resume --store {store_path} --name {name}` (or `run "
+                    "--resume`), or pass another --name"
+                )
+            campaign = store.get_campaign(name)
+            if campaign.space != space.raw:
+                print(
+                    f"warning: {space_path} differs from the space campaign '{name}' was "
+                    "started with; it continues with the stored one",
+                    file=sys.stderr,
+                )
+            return _continue(store, campaign, budget, resume_overrides, progress, stop)
         # Everything that can refuse the settings does so before the campaign exists, so a
         # typo never leaves behind a campaign that only `resume` could reach.
         parts = _Parts.build(space, settings, seed)
@@ -128,7 +150,7 @@ def start_campaign(
                 space.raw,
                 space_path=str(space_path),
                 seed=seed,
-                budget=budget,
+                budget=DEFAULT_BUDGET if budget is None else budget,
                 backend=settings.backend,
                 settings={**settings.to_dict(), "backend_settings": parts.backend.describe()},
                 objective_metric=space.objective,
@@ -158,14 +180,37 @@ def resume_campaign(
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
-        stored = CampaignSettings.from_dict(campaign.settings)
-        overrides = dict(overrides or {})
-        if overrides.get("backend", stored.backend) != stored.backend:
-            overrides.setdefault("backend_options", {})  # the old backend's do not apply
-        settings = dataclasses.replace(stored, **overrides)
-        source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
-        space = space_from_dict(campaign.space, source=source)
-        return _session(store, campaign, space, settings, progress, stop, budget=budget)
+        return _continue(store, campaign, budget, overrides or {}, progress, stop)
+
+
+def stored_backend(store_path: str | Path, name: str | None) -> str | None:
+    """A campaign's backend, read without writing: under ``mpiexec``/``srun`` every rank
+    runs the command, and the workers must be diverted before anyone opens the store to
+    write. ``None`` when the store cannot be read (or lacks the campaign); the command
+    then reports why."""
+    try:
+        with open_store(store_path, readonly=True) as store:
+            return store.get_campaign(name).backend
+    except StoreError:
+        return None
+
+
+def _continue(
+    store: SQLiteStore,
+    campaign: Campaign,
+    budget: int | None,
+    overrides: dict[str, Any],
+    progress: Progress | None,
+    stop: StopRequest,
+) -> SessionSummary:
+    stored = CampaignSettings.from_dict(campaign.settings)
+    overrides = dict(overrides)
+    if overrides.get("backend", stored.backend) != stored.backend:
+        overrides.setdefault("backend_options", {})  # the old backend's do not apply
+    settings = dataclasses.replace(stored, **overrides)
+    source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
+    space = space_from_dict(campaign.space, source=source)
+    return _session(store, campaign, space, settings, progress, stop, budget=budget)
 
 
 @dataclass

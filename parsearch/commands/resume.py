@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from parsearch.backends import parse_options, serve_if_worker
-from parsearch.campaign.arguments import add_session_arguments, add_store_arguments, positive_int
+from parsearch.backends import serve_if_worker
+from parsearch.campaign.arguments import (
+    add_session_arguments,
+    add_store_arguments,
+    positive_int,
+    session_overrides,
+)
 from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import resume_campaign
-from parsearch.errors import StoreError
-from parsearch.store import open_store
+from parsearch.campaign.session import resume_campaign, stored_backend
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,35 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _stored_backend(args: argparse.Namespace) -> str | None:
-    """The campaign's backend, read without writing: under ``mpiexec``/``srun`` every rank
-    runs this command, and the workers must be diverted before anyone opens the store to
-    write. ``None`` when the store cannot be read; resuming then reports why."""
-    try:
-        with open_store(args.store, readonly=True) as store:
-            return store.get_campaign(args.name).backend
-    except StoreError:
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
-    backend = args.backend or _stored_backend(args)
+    backend = args.backend or stored_backend(args.store, args.name)
     if backend is not None and serve_if_worker(backend):
         return 0
-    overrides: dict[str, Any] = {
-        "backend": args.backend,
-        "slots": args.slots,
-        "timeout_s": args.timeout,
-        "grace_s": args.grace,
-        "lease_timeout_s": args.lease_timeout,
-    }
-    if args.backend_opt is not None:
-        overrides["backend_options"] = parse_options(args.backend_opt)
     summary = resume_campaign(
         args.store,
         name=args.name,
         budget=args.budget,
-        overrides={key: value for key, value in overrides.items() if value is not None},
+        overrides=session_overrides(args),
         progress=Progress(enabled=not args.quiet),
     )
     print(summary.render(args.store))

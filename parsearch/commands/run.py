@@ -6,10 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from parsearch.backends import parse_options, serve_if_worker
-from parsearch.campaign.arguments import add_session_arguments, positive_int
+from parsearch.backends import serve_if_worker
+from parsearch.campaign.arguments import add_session_arguments, positive_int, session_overrides
 from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.campaign.session import (
+    DEFAULT_BUDGET,
+    CampaignSettings,
+    start_campaign,
+    stored_backend,
+)
 from parsearch.campaign.strategy import STRATEGIES
 from parsearch.space import load_space
 
@@ -28,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
     parser.add_argument("--name", help="campaign name (default: the space's name)")
     parser.add_argument(
-        "--budget", type=positive_int, default=50, help="trials to finish (default 50)"
+        "--budget",
+        type=positive_int,
+        help=f"trials to finish (default {DEFAULT_BUDGET}; with --resume, the stored budget)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
@@ -55,26 +62,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="the campaign of --warm-start to use (default: its newest)",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="if the store already holds this campaign, continue it as `parsearch resume` "
+        "would (its stored space and strategy; the session options given here) instead of "
+        "refusing: one command for every job of a chain",
+    )
     add_session_arguments(parser, resume=False)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if serve_if_worker(args.backend):
+    space = load_space(args.space)
+    backend = args.backend
+    if backend is None and args.resume:
+        backend = stored_backend(args.store, args.name or space.name)
+    if serve_if_worker(backend or "local"):
         return 0
+    given = session_overrides(args)
     settings = CampaignSettings(
-        backend=args.backend,
-        backend_options=parse_options(args.backend_opt or []),
-        slots=args.slots,
         strategy=args.strategy,
         keep_predicted_oom=args.keep_predicted_oom,
         warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
         warm_start_name=args.warm_start_name,
-        timeout_s=args.timeout,
-        grace_s=args.grace,
-        lease_timeout_s=args.lease_timeout,
+        **given,
     )
-    warning = load_space(args.space).plan().timeout_warning()
+    warning = space.plan().timeout_warning()
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     summary = start_campaign(
@@ -85,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         settings=settings,
         progress=Progress(enabled=not args.quiet),
+        resume_overrides=given if args.resume else None,
     )
     print(summary.render(args.store))
     return 0
