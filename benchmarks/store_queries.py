@@ -123,6 +123,7 @@ def queries(store: SQLiteStore, campaign_id: int) -> dict[str, Callable[[], obje
         "best": lambda: store.best(campaign_id),
         "best (mem cap)": lambda: store.best(campaign_id, max_mem_bytes=16e9),
         "top 10": lambda: store.top(campaign_id, 10),
+        "recent finishes (ETA)": lambda: store.recent_finish_times(campaign_id, 20),
         "pareto": lambda: store.pareto(campaign_id),
         "counts": lambda: store.counts(campaign_id),
         "dataframe": lambda: store.dataframe(campaign_id),

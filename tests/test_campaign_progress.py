@@ -1,9 +1,13 @@
 """The progress display: one rewritten line on a terminal, sparse lines in a log."""
 
 import io
+import time
 
 from parsearch.campaign.progress import Progress, Snapshot, format_duration
+from parsearch.campaign.query import campaign_progress
 from parsearch.config import ParallelLayout
+from parsearch.result import TrialResult, TrialState
+from parsearch.store import CampaignStatus, SQLiteStore
 
 LAYOUT = ParallelLayout(tp=2, pp=4, dp=16, mbs=1, gas=8)
 
@@ -74,3 +78,21 @@ def test_durations():
         "1m35s",
         "2h01m",
     ]
+
+
+def test_a_running_campaign_has_an_eta_from_its_recent_finishing_rate(tmp_path):
+    with SQLiteStore(tmp_path / "c.db") as store:
+        campaign = store.create_campaign("c", {}, budget=10)
+        for mbs in (1, 2, 3):
+            trial = store.add_trial(campaign.id, ParallelLayout(tp=1, pp=1, dp=1, mbs=mbs, gas=1))
+            store.mark_running(trial.id, ["node0"], 1)
+            store.finish_trial(trial.id, TrialResult(TrialState.OK, {"tokens_per_s": 1.0}), 1.0)
+            time.sleep(0.2)
+        assert campaign_progress(store, campaign).eta_s is None  # not running: no ETA
+        campaign = store.update_campaign(campaign.id, status=CampaignStatus.RUNNING)
+        first, *_, last = store.recent_finish_times(campaign.id, 20)
+        progress = campaign_progress(store, campaign)
+        now = time.time()
+    # 3 finishes, 2 gaps; the time since the last finish counts too, so a stall shows.
+    assert progress.remaining == 7
+    assert 7 * (last - first) / 2 <= progress.eta_s <= 7 * (now - first) / 2

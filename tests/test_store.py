@@ -454,3 +454,13 @@ def test_open_store_names_the_same_class(tmp_path: Path) -> None:
         store.create_campaign("c", {})
     with open_store(tmp_path / "s.db", readonly=True) as reader:
         assert reader.readonly and reader.get_campaign().name == "c"
+
+
+def test_recent_finish_times_are_the_newest_finished_oldest_first(
+    store: SQLiteStore, campaign: Campaign
+) -> None:
+    finished = [run(store, campaign.id, layout(dp=8, mbs=m), tokens=1.0) for m in range(1, 6)]
+    store.add_trial(campaign.id, layout(dp=8, mbs=9))  # queued: not finished
+    times = store.recent_finish_times(campaign.id, 3)
+    assert times == sorted(t.finished_at for t in finished)[-3:]
+    assert store.recent_finish_times(campaign.id, 50) == [t.finished_at for t in finished]

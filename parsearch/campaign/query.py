@@ -74,9 +74,7 @@ def campaign_progress(store: SQLiteStore, campaign: Campaign) -> CampaignProgres
     """Counts and best from indexed queries; the finishing rate only while a driver runs."""
     rate = None
     if campaign.status is CampaignStatus.RUNNING:
-        finished = store.trials(campaign.id, states=[s for s in TrialState if s.finished])
-        times = sorted(t.finished_at for t in finished if t.finished_at is not None)
-        times = times[-RATE_WINDOW:]
+        times = store.recent_finish_times(campaign.id, RATE_WINDOW)
         if len(times) >= 2 and times[-1] > times[0]:
             # Count the gap since the last finish too, so a stalled campaign's ETA grows.
             span = max(times[-1], time.time()) - times[0]

@@ -535,6 +535,18 @@ class SQLiteStore:
             rows = c.execute(query + " ORDER BY number", params).fetchall()
         return trials_from_rows(rows)
 
+    def recent_finish_times(self, campaign_id: int, n: int) -> list[float]:
+        """When the ``n`` newest finished trials finished, oldest first: what an ETA needs,
+        read backwards along the (campaign, number) index instead of loading every trial
+        (trials finish close to the order they were numbered in)."""
+        with self._transaction(f"reading the recent trials of {campaign_id}", write=False) as c:
+            rows = c.execute(
+                "SELECT finished_at FROM trials WHERE campaign_id = ? "
+                "AND finished_at IS NOT NULL ORDER BY number DESC LIMIT ?",
+                (campaign_id, n),
+            ).fetchall()
+        return sorted(at for (at,) in rows)
+
     def counts(self, campaign_id: int) -> dict[TrialState, int]:
         """How many trials are in each state (every state present, zeros included)."""
         with self._transaction(f"counting the trials of campaign {campaign_id}", write=False) as c:
