@@ -298,3 +298,29 @@ def test_command_trainer_over_mpi_workers(tmp_path):
             assert len(json.loads(row["hosts"])) == 2
         else:
             assert config["mbs"] / config["tp"] > 2
+
+
+def test_losing_the_last_worker_stops_the_campaign_at_once_with_a_clear_error(tmp_path):
+    """Nothing can run any more: the driver says so (no waiting for room), keeps what
+    finished, and the campaign can be resumed on a new allocation."""
+    work = tmp_path / "work"
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(json.loads(started[0].read_text())["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_worker)
+    killer.start()
+    began = time.monotonic()
+    done = run_campaign(
+        tmp_path, 2, 1, 4, "lost_after=10", "driver_worker=no", steps=200, timeout=300,
+        options=own_proxies(2),
+    )  # fmt: skip
+    killer.join()
+    assert time.monotonic() - began < 100  # well before the driver's 120 s wait for room
+    assert "backend 'mpi' has no room left for a trial (3 of the budget to go)" in done.stdout
+    assert done.returncode != 0
+    (lost,) = trials(tmp_path / "x.db")  # the lost trial counts: 3 to go
+    assert lost["state"] == "error" and lost["error"].startswith("node lost: ")

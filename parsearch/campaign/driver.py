@@ -136,8 +136,9 @@ class Driver:
 
     def _awaiting_room(self, exhausted: bool) -> bool:
         """Whether to wait (briefly, polling the backend) for a slot to free although no
-        trial runs: the backend may still be releasing a finished trial's resources."""
-        if exhausted or self.finished >= self.settings.budget:
+        trial runs: a backend that could run one (``capacity``) may still be releasing a
+        finished trial's resources. One that cannot (every node lost) is not waited for."""
+        if exhausted or self.finished >= self.settings.budget or not self.backend.capacity:
             return False
         now = time.monotonic()
         if self._no_room_since is None:
@@ -150,9 +151,16 @@ class Driver:
 
     def _complete(self, exhausted: bool) -> Outcome:
         if self.finished < self.settings.budget and not exhausted:
+            name, left = self.backend.name, self.settings.budget - self.finished
+            if not self.backend.capacity:
+                raise BackendError(
+                    f"backend '{name}' has no room left for a trial ({left} of the budget to "
+                    "go): its nodes were lost or are too few; `parsearch resume` continues "
+                    "the campaign on a new allocation"
+                )
             raise BackendError(
-                f"backend '{self.backend.name}' has had no free slot for {ROOM_WAIT_S:g} s "
-                "although no trial runs"
+                f"backend '{name}' has had no free slot for {ROOM_WAIT_S:g} s although no "
+                "trial runs"
             )
         if self.queue:  # re-queued trials the (lowered) budget leaves no room for
             self.interrupted = self.store.mark_interrupted(self.campaign.id)
