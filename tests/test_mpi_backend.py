@@ -115,7 +115,8 @@ def test_driver_and_two_nodes_run_a_campaign(tmp_path):
 def test_resume_under_mpiexec_reads_the_backend_from_the_store(tmp_path):
     """``parsearch resume`` without ``--backend``: every rank reads the stored backend
     read-only, so ranks >= 1 become workers instead of a second and third driver."""
-    assert run_campaign(tmp_path, 3, nodes=1, budget=2, timeout=240).returncode == 0
+    first = run_campaign(tmp_path, 3, nodes=1, budget=2, timeout=240)
+    assert first.returncode == 0, first.stdout
     args = [str(BIN / "parsearch"), "resume", "--store", "x.db", "--budget", "4"]
     done = mpiexec(3, args, tmp_path, 240)
     assert done.returncode == 0, done.stdout
@@ -324,3 +325,18 @@ def test_losing_the_last_worker_stops_the_campaign_at_once_with_a_clear_error(tm
     assert done.returncode != 0
     (lost,) = trials(tmp_path / "x.db")  # the lost trial counts: 3 to go
     assert lost["state"] == "error" and lost["error"].startswith("node lost: ")
+
+
+def test_heartbeats_nobody_received_do_not_fail_the_job_at_exit(tmp_path):
+    """MPICH's MPI_Finalize fails on unreceived messages and then hydra SIGKILLs the job
+    (exit 9 after a campaign that completed): every rank drops them before it ends.
+    ``MPI4PY_RC_ERRORS=fatal`` makes such a failure print MPICH's error and abort."""
+    args = [sys.executable, str(SCRIPT), "unheard", "x.db", str(tmp_path)]
+    proc = subprocess.Popen(
+        [str(MPIEXEC), "-n", "3", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "MPI4PY_RC_ERRORS": "fatal"},
+    )  # fmt: skip
+    done = finish(proc, 60)
+    assert done.returncode == 0, done.stdout
+    assert "unmatched message" not in done.stdout

@@ -32,7 +32,10 @@ Every rank runs the same command, so a job script needs one line::
   exit (lost ones too, in case they were only slow) and waits for their goodbye; rank 0
   also does so at exit if no backend did (the store could not be opened, say), and
   workers exit by themselves after ``driver_timeout`` seconds without a word from the
-  driver (it was killed), so the job always ends.
+  driver (it was killed), so the job always ends. Workers stop their heartbeat before the
+  goodbye, and every rank drops what it never received before MPI ends
+  (:func:`~parsearch.backends.mpi_worker.discard_unreceived`): MPICH's ``MPI_Finalize``
+  fails on an unreceived message, and hydra then kills the job, exit code 9.
 
 MPICH's ``mpiexec`` (hydra) takes the whole job down when one rank dies unless given
 ``-disable-auto-cleanup``; it then tells every other rank with SIGUSR1. Slurm's warning
@@ -86,6 +89,7 @@ from parsearch.backends.mpi_worker import (
     WELCOME,
     Mailbox,
     WorkerSettings,
+    discard_unreceived,
     serve,
     world,
 )
@@ -475,6 +479,7 @@ def release_workers(box: Mailbox, ranks: list[int]) -> None:
                 waiting.discard(source)
         waiting.difference_update(box.flush())
         time.sleep(POLL_S)
+    discard_unreceived(box.comm)  # the beats that crossed the goodbyes
 
 
 def _at_exit(comm: Any) -> None:

@@ -135,13 +135,43 @@ def serve(comm: Any) -> None:
     heartbeat = threading.Thread(target=worker.beat, name="parsearch-heartbeat", daemon=True)
     heartbeat.start()
     try:
-        if worker.serve():
+        try:
+            told_to_exit = worker.serve()
+        finally:
+            # The beats stop before the goodbye, so that none reaches the driver after it.
+            worker.stopping.set()
+            heartbeat.join()
+        if told_to_exit:
             worker.say_bye()
     finally:
-        worker.stopping.set()
-        heartbeat.join()
         if worker.slot is not None:
             worker.slot.close()
+    discard_unreceived(comm)
+
+
+def discard_unreceived(comm: Any, settle_s: float = 0.1) -> int:
+    """Receive and drop whatever is still addressed to this rank; how many there were.
+
+    MPICH's ``MPI_Finalize`` fails when a message was never received ("communicator being
+    freed has unmatched messages": a heartbeat that crossed the goodbye, a ping the
+    heartbeat thread no longer answers), and then skips telling the launcher that the rank
+    finalized; hydra takes that for a crash and SIGKILLs the whole job, so a campaign that
+    completed would end with exit code 9. Every rank calls this last, once its peers have
+    nothing more to send it, and waits ``settle_s`` for anything still on its way.
+    """
+    from mpi4py import MPI
+
+    dropped = 0
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_s:
+        message = comm.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        if message is None:
+            time.sleep(POLL_S)
+            continue
+        message.recv()
+        dropped += 1
+        quiet_since = time.monotonic()
+    return dropped
 
 
 class _Worker:
@@ -197,6 +227,9 @@ class _Worker:
                 box.send(0, BEAT, last_round)
                 beat = time.monotonic()
             box.flush()
+        deadline = time.monotonic() + BYE_WAIT_S  # let the last beats go before MPI ends
+        while not box.idle and not box.flush() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def say_bye(self) -> None:
         """Tell the driver we leave, and give the message time to go before MPI ends."""

@@ -74,12 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    space = load_space(args.space)
     backend = args.backend
-    if backend is None and args.resume:
-        backend = stored_backend(args.store, args.name or space.name)
-    if serve_if_worker(backend or "local"):
+    if backend is None and args.resume:  # resume under mpiexec/srun: the stored backend
+        backend = stored_backend(args.store, args.name or load_space(args.space).name)
+    if serve_if_worker(backend or "local"):  # before anything rank 0 alone may fail at
         return 0
+    space = load_space(args.space)
     given = session_overrides(args)
     settings = CampaignSettings(
         strategy=args.strategy,

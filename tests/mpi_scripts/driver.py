@@ -8,7 +8,9 @@
 * ``vanish``: make the backend, then die by SIGKILL: the workers must notice the silence
   and exit by themselves, so ``mpiexec`` ends;
 * ``idle``: make the backend and sleep 3 s, so the test can read an idle worker's CPU time;
-  the workers' pids go to WORKDIR/workers.json.
+  the workers' pids go to WORKDIR/workers.json;
+* ``unheard``: make the backend with a fast heartbeat and ignore it for 1 s, so dozens of
+  heartbeats wait unreceived when the job ends (MPI_Finalize must not fail on them).
 """
 
 from __future__ import annotations
@@ -98,7 +100,13 @@ def main(mode: str, store_path: str, workdir: str) -> None:
         return
     one_node = {**SPACE, "allocation": {**SPACE["allocation"], "nodes": 1}}
     options = {"driver_timeout": "2", "driver_worker": "no"}
+    if mode == "unheard":
+        options["heartbeat"] = "0.02"
     backend = mpi.create(space_from_dict(one_node), slots=None, options=options)
+    if mode == "unheard":
+        time.sleep(1.0)
+        backend.close()
+        return
     if mode == "vanish":
         os.kill(os.getpid(), signal.SIGKILL)
     pids = [worker["pid"] for worker in backend.describe()["workers"]]
