@@ -1,10 +1,13 @@
 """The progress display: one rewritten line on a terminal, sparse lines in a log."""
 
 import io
+import os
+import socket
 import time
 
 from parsearch.campaign.progress import Progress, Snapshot, format_duration
 from parsearch.campaign.query import campaign_progress
+from parsearch.commands.status import render_text as status_text
 from parsearch.config import ParallelLayout
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import CampaignStatus, SQLiteStore
@@ -96,3 +99,21 @@ def test_a_running_campaign_has_an_eta_from_its_recent_finishing_rate(tmp_path):
     # 3 finishes, 2 gaps; the time since the last finish counts too, so a stall shows.
     assert progress.remaining == 7
     assert 7 * (last - first) / 2 <= progress.eta_s <= 7 * (now - first) / 2
+
+
+def test_status_names_the_live_driver_and_says_when_it_seems_dead(tmp_path):
+    with SQLiteStore(tmp_path / "c.db") as store:
+        campaign = store.create_campaign("c", {}, budget=10, settings={"lease_timeout_s": 0.3})
+        assert campaign_progress(store, campaign).driver is None
+        store.acquire_lease(campaign.id, "driver-1", stale_after_s=60.0)
+        campaign = store.update_campaign(campaign.id, status=CampaignStatus.RUNNING)
+        live = campaign_progress(store, campaign)
+        time.sleep(0.5)
+        silent = campaign_progress(store, campaign)
+    assert live.driver.pid == os.getpid() and live.driver.host == socket.gethostname()
+    assert not live.driver_stale and live.driver_silent_s < 0.3
+    assert silent.driver_stale and silent.driver_silent_s >= 0.5
+    text = status_text(silent, [])
+    assert f"driver   pid {os.getpid()} on {socket.gethostname()}, last heartbeat" in text
+    assert "it seems dead: `parsearch resume` takes the campaign over" in text
+    assert "seems dead" not in status_text(live, [])

@@ -13,8 +13,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S
 from parsearch.result import TrialState
-from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+from parsearch.store import (
+    Campaign,
+    CampaignStatus,
+    LeaseHolder,
+    SQLiteStore,
+    TrialRecord,
+    open_store,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,6 +57,21 @@ class CampaignProgress:
     counts: dict[TrialState, int]
     best: TrialRecord | None
     rate_per_s: float | None
+    driver: LeaseHolder | None = None
+    read_at: float = 0.0
+
+    @property
+    def driver_silent_s(self) -> float | None:
+        """Seconds since the driver's last heartbeat, when one holds the campaign."""
+        return None if self.driver is None else max(0.0, self.read_at - self.driver.heartbeat_at)
+
+    @property
+    def driver_stale(self) -> bool:
+        """Whether the driver has been silent longer than the campaign's lease timeout: it
+        died without releasing, and a ``resume`` would take the campaign over."""
+        timeout = float(self.campaign.settings.get("lease_timeout_s", DEFAULT_STALE_AFTER_S))
+        silent = self.driver_silent_s
+        return silent is not None and silent > timeout
 
     @property
     def finished(self) -> int:
@@ -84,4 +107,6 @@ def campaign_progress(store: SQLiteStore, campaign: Campaign) -> CampaignProgres
         counts=store.counts(campaign.id),
         best=store.best(campaign.id),
         rate_per_s=rate,
+        driver=store.lease_holder(campaign.id),
+        read_at=time.time(),
     )

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(_document(progress), indent=2))
     else:
-        print(_text(progress, others))
+        print(render_text(progress, others))
     return 0
 
 
@@ -51,10 +51,19 @@ def _document(progress: CampaignProgress) -> dict:
         "backend": campaign.backend,
         "created_at": campaign.created_at,
         "finished_at": campaign.finished_at,
+        "driver": None
+        if progress.driver is None
+        else {
+            "host": progress.driver.host,
+            "pid": progress.driver.pid,
+            "since": progress.driver.acquired_at,
+            "silent_s": progress.driver_silent_s,
+            "stale": progress.driver_stale,
+        },
     }
 
 
-def _text(progress: CampaignProgress, others: list[str]) -> str:
+def render_text(progress: CampaignProgress, others: list[str]) -> str:
     campaign, best = progress.campaign, progress.best
     created = datetime.fromtimestamp(campaign.created_at).strftime("%Y-%m-%d %H:%M")
     states = ", ".join(f"{s.value} {n}" for s, n in progress.counts.items() if n) or "none yet"
@@ -77,6 +86,15 @@ def _text(progress: CampaignProgress, others: list[str]) -> str:
     ]
     if progress.eta_s is not None:
         lines.append(f"  ETA      {format_duration(progress.eta_s)}")
+    if progress.driver is not None:
+        driver, silent = progress.driver, progress.driver_silent_s or 0.0
+        line = (
+            f"  driver   pid {driver.pid} on {driver.host}, last heartbeat "
+            f"{format_duration(silent)} ago"
+        )
+        if progress.driver_stale:
+            line += "; it seems dead: `parsearch resume` takes the campaign over"
+        lines.append(line)
     if others:
         lines.append(f"  other campaigns in this store: {', '.join(others)}")
     return "\n".join(lines)

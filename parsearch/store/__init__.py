@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from parsearch.store.records import Campaign, CampaignStatus, TrialRecord
+from parsearch.store.records import Campaign, CampaignStatus, LeaseHolder, TrialRecord
 from parsearch.store.schema import SCHEMA_VERSION
 from parsearch.store.sqlite import SQLiteStore
 
@@ -24,6 +24,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Campaign",
     "CampaignStatus",
+    "LeaseHolder",
     "SQLiteStore",
     "Store",
     "TrialRecord",

@@ -47,6 +47,17 @@ class Campaign:
     status: CampaignStatus
 
 
+@dataclass(frozen=True)
+class LeaseHolder:
+    """The driver that holds a campaign's lease: who runs it, and when it last said so."""
+
+    owner: str
+    host: str
+    pid: int
+    acquired_at: float
+    heartbeat_at: float
+
+
 @dataclass(frozen=True, slots=True)
 class TrialRecord:
     """One layout of a campaign and everything recorded about it.

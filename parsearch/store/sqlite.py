@@ -32,6 +32,7 @@ from parsearch.store.records import (
     TRIAL_COLUMNS,
     Campaign,
     CampaignStatus,
+    LeaseHolder,
     TrialRecord,
     campaign_from_row,
     to_json,
@@ -342,6 +343,16 @@ class SQLiteStore:
         raise CampaignLockedError(
             f"owner {owner} no longer holds the lease of campaign {campaign_id}: {holder}"
         )
+
+    def lease_holder(self, campaign_id: int) -> LeaseHolder | None:
+        """The driver holding the campaign's lease (alive or not: see its heartbeat)."""
+        with self._transaction(f"reading the lease of campaign {campaign_id}", write=False) as c:
+            row = c.execute(
+                "SELECT owner, host, pid, acquired_at, heartbeat_at FROM leases "
+                "WHERE campaign_id = ?",
+                (campaign_id,),
+            ).fetchone()
+        return None if row is None else LeaseHolder(*row)
 
     def release_lease(self, campaign_id: int, owner: str) -> None:
         """Give the lease up if ``owner`` holds it; safe to call twice, or after losing it."""
