@@ -161,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"filled {args.trials} trials in {time.perf_counter() - start:.1f} s ({path})")
         with SQLiteStore(path, readonly=True) as store:
             timings = time_queries(store, campaign_id, args.repeat)
-        print(f"{'query':<16}{'min ms':>10}{'median ms':>12}")
+        print(f"{'query':<24}{'min ms':>10}{'median ms':>12}")
         for name, seconds in timings.items():
-            print(f"{name:<16}{min(seconds) * 1e3:>10.1f}{statistics.median(seconds) * 1e3:>12.1f}")
+            print(f"{name:<24}{min(seconds) * 1e3:>10.1f}{statistics.median(seconds) * 1e3:>12.1f}")
     return 0
 
 
