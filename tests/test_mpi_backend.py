@@ -340,3 +340,38 @@ def test_heartbeats_nobody_received_do_not_fail_the_job_at_exit(tmp_path):
     done = finish(proc, 60)
     assert done.returncode == 0, done.stdout
     assert "unmatched message" not in done.stdout
+
+
+def test_a_worker_lost_for_silence_comes_back_when_it_answers_again(tmp_path):
+    """A node paused for a few seconds (SIGSTOP here; a hung file system in real life) is
+    lost, its trial an error; once it runs again it acknowledges the cancel and gets more
+    trials, instead of idling for the rest of the allocation."""
+    work = tmp_path / "work"
+    paused: dict = {}
+
+    def pause_first_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        paused.update(json.loads(started[0].read_text()))
+        os.kill(paused["pid"], signal.SIGSTOP)
+        time.sleep(4.0)
+        paused["resumed_at"] = time.time()
+        os.kill(paused["pid"], signal.SIGCONT)
+
+    pauser = threading.Thread(target=pause_first_worker)
+    pauser.start()
+    done = run_campaign(
+        tmp_path, 3, 1, 8, "lost_after=2", "heartbeat=0.5", steps=200, timeout=300,
+        options=["-disable-auto-cleanup"],
+    )  # fmt: skip
+    pauser.join()
+    assert done.returncode == 0, done.stdout
+    assert f"(pid {paused['pid']}) lost: it sent nothing for " in done.stdout
+    assert f"(pid {paused['pid']}) answers again; back in the campaign, 2 workers" in done.stdout
+    assert "budget reached; 8/8 trials finished (ok 7, error 1)" in done.stdout  # all 8
+    later = [
+        node for trial_dir in work.iterdir() for node in node_files(trial_dir)
+        if node["started_at"] > paused["resumed_at"]
+    ]  # fmt: skip
+    assert any(node["pid"] == paused["pid"] for node in later), "it ran trials again"

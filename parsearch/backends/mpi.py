@@ -25,7 +25,10 @@ Every rank runs the same command, so a job script needs one line::
   ``lost_after`` seconds past its timeout without a result (its loop is stuck): its trial
   ends as ``error`` ("node lost"), the trial's other nodes are cancelled, it gets no more
   trials, and the campaign goes on with the others (with fewer slots; with too few nodes
-  left for a trial, the driver stops).
+  left for a trial, the driver stops). One lost for silence or a stuck loop that was only
+  slow (stopped, paused, its file system hung) comes back: its main loop acknowledges the
+  cancel sent when it was lost, and it gets trials again. One whose messages fail, or
+  whose death ``mpiexec`` reported, is gone for good.
 * **No spinning.** Nobody blocks in MPI (see :mod:`parsearch.backends.mpi_worker`); the
   driver waits for results with ``improbe`` and short sleeps.
 * **Exit.** Workers serve one backend per job. :meth:`MPIBackend.close` tells them to
@@ -79,6 +82,7 @@ from parsearch.backends.mpi_worker import (
     BYE,
     BYE_WAIT_S,
     CANCEL,
+    CANCELLED,
     DONE,
     EXIT,
     HELLO,
@@ -156,6 +160,10 @@ class _Node:
     trial: str | None = None
     lost: str | None = None
     lost_at: float = -math.inf
+    # Lost for silence or a stuck loop (not a failed send or hydra's notice of its death):
+    # it comes back once its main loop acknowledges the cancel sent when it was lost.
+    revivable: bool = False
+    owes: str | None = None  # the trial of that cancel
 
 
 @dataclass
@@ -298,7 +306,11 @@ class MPIBackend:
         """Handle whatever arrived; notice lost nodes; tell the workers we live."""
         for source, kind, payload in self._box.receive():
             node = self._nodes.get(source)
-            if node is None or node.lost:
+            if node is None:
+                continue
+            if node.lost:
+                if kind == CANCELLED and node.revivable and payload == node.owes:
+                    self._readmit(node)
                 continue
             node.heard = time.monotonic()
             if kind == STARTED:
@@ -315,13 +327,14 @@ class MPIBackend:
         for rank in self._box.flush() + self._beats.flush():
             if not self._nodes[rank].lost:
                 self._lose(self._nodes[rank], "an MPI message to it failed")
+            self._nodes[rank].revivable = False  # a failed send: gone for good
         now = time.monotonic()
         self._hold_usr1()
         self._judge_usr1(now)
         for rank in self._remote():
             node = self._nodes[rank]
             if now - node.heard > self.settings.lost_after_s:
-                self._lose(node, f"it sent nothing for {now - node.heard:.0f} s")
+                self._lose(node, f"it sent nothing for {now - node.heard:.0f} s", revivable=True)
         self._check_deadlines(now)
         if now - self._pinged >= self.settings.heartbeat_s:
             self._ping()
@@ -335,7 +348,7 @@ class MPIBackend:
                 for node, rank in enumerate(trial.ranks):
                     if node not in trial.results and rank and not self._nodes[rank].lost:
                         why = f"its trial ran {late:.0f} s past its timeout without a result"
-                        self._lose(self._nodes[rank], why)
+                        self._lose(self._nodes[rank], why, revivable=True)
 
     def _ping(self) -> int:
         """Send a new ping round; a worker that answers it was alive after this moment."""
@@ -382,15 +395,27 @@ class MPIBackend:
                 else:
                     self._box.send(rank, CANCEL, trial.spec.trial_id)
 
-    def _lose(self, node: _Node, why: str) -> None:
+    def _lose(self, node: _Node, why: str, *, revivable: bool = False) -> None:
         node.lost = f"worker rank {node.rank} on {node.host} (pid {node.pid}) lost: {why}"
         node.lost_at = time.monotonic()
+        node.revivable, node.owes = revivable, node.trial
         print(f"parsearch mpi: {node.lost}; {len(self._remote())} workers left", file=sys.stderr)
+        self._box.send(node.rank, CANCEL, node.trial)  # in case it was only slow
         trial = self._trials.get(node.trial) if node.trial else None
         if trial is not None:
-            self._box.send(node.rank, CANCEL, node.trial)  # in case it was only slow
             error = f"node lost: {node.lost}"
             self._finish(trial, TrialResult(TrialState.ERROR, error=error, hosts=[node.host]))
+
+    def _readmit(self, node: _Node) -> None:
+        """A node lost for silence answered the cancel: it was only slow (stopped, paused
+        by the system, its file system hung), and its slot is free; it gets trials again."""
+        node.lost, node.revivable, node.owes = None, False, None
+        node.heard = time.monotonic()
+        print(
+            f"parsearch mpi: worker rank {node.rank} on {node.host} (pid {node.pid}) answers "
+            f"again; back in the campaign, {len(self._remote())} workers",
+            file=sys.stderr,
+        )
 
     def _hold_usr1(self) -> None:
         """Keep our SIGUSR1 filter in front of the handler installed last, on every call

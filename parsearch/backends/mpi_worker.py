@@ -43,12 +43,13 @@ BYE_WAIT_S = 5.0
 # driver -> worker, TAG
 WELCOME = "welcome"  # WorkerSettings
 RUN = "run"  # parsearch.backends.node.NodeOrder
-CANCEL = "cancel"  # trial id
+CANCEL = "cancel"  # trial id (None: no trial, only the acknowledgement is wanted)
 EXIT = "exit"  # None
 # worker -> driver, TAG
 HELLO = "hello"  # (host, pid)
 STARTED = "started"  # parsearch.backends.node.NodeStarted
 DONE = "done"  # parsearch.backends.node.NodeDone
+CANCELLED = "cancelled"  # the trial id of a CANCEL, once this node no longer runs it
 BYE = "bye"  # None: the worker is leaving
 # BEAT_TAG
 PING = "ping"  # driver -> worker, a round number: answered at once with a BEAT
@@ -211,8 +212,10 @@ class _Worker:
             self.slot = NodeSlot(workdir, payload.grace_s)
         elif kind == RUN and self.slot is not None:
             self.box.send(0, STARTED, self.slot.start(payload))
-        elif kind == CANCEL and self.slot is not None:
-            self.slot.cancel(payload)
+        elif kind == CANCEL:
+            if self.slot is not None and payload is not None:
+                self.slot.cancel(payload)
+            self.box.send(0, CANCELLED, payload)
 
     def beat(self) -> None:
         """The heartbeat thread: answer pings at once, and beat every ``heartbeat`` s."""
