@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -98,6 +98,35 @@ def node_files(trial_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(trial_dir.glob("node*.json"))]
 
 
+def first_started_node(work: Path) -> dict:
+    """The node file of the first trial node to start under ``work`` (its worker's pid,
+    its ranks' pids), once there is one."""
+    deadline = time.monotonic() + 120
+    while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return json.loads(started[0].read_text())
+
+
+def in_background(action: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=action)
+    thread.start()
+    return thread
+
+
+def pause_first_worker(work: Path, seconds: float, paused: dict) -> threading.Thread:
+    """SIGSTOP the worker of the first trial for ``seconds``; ``paused`` gets its node file
+    and the wall-clock time it resumed."""
+
+    def pause() -> None:
+        paused.update(first_started_node(work))
+        os.kill(paused["pid"], signal.SIGSTOP)
+        time.sleep(seconds)
+        paused["resumed_at"] = time.time()
+        os.kill(paused["pid"], signal.SIGCONT)
+
+    return in_background(pause)
+
+
 def test_driver_and_two_nodes_run_a_campaign(tmp_path):
     """``mpiexec -n 3``: rank 0 drives (it shares its host), ranks 1 and 2 are the nodes."""
     done = run_campaign(tmp_path, 3, nodes=1, budget=4, timeout=240)
@@ -163,14 +192,10 @@ def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path
     killed: dict = {}
 
     def kill_first_worker() -> None:
-        deadline = time.monotonic() + 120
-        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        killed.update(json.loads(started[0].read_text()))  # its rank has just started
+        killed.update(first_started_node(work))  # its rank has just started
         os.kill(killed["pid"], signal.SIGKILL)
 
-    killer = threading.Thread(target=kill_first_worker)
-    killer.start()
+    killer = in_background(kill_first_worker)
     done = run_campaign(
         tmp_path, 3, 1, 4, "lost_after=10", steps=200, timeout=300, options=own_proxies(3)
     )
@@ -190,20 +215,8 @@ def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path)
     outlasts the campaign, so the driver has exited by then: hydra must not clean up the
     job when rank 0 ends (``-disable-auto-cleanup``, as the module's docstring asks), or it
     SIGKILLs the stopped worker and mpiexec ends with 9."""
-    work = tmp_path / "work"
     stopped: dict = {}
-
-    def pause_first_worker() -> None:
-        deadline = time.monotonic() + 120
-        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        stopped.update(json.loads(started[0].read_text()))
-        os.kill(stopped["pid"], signal.SIGSTOP)
-        time.sleep(12.0)
-        os.kill(stopped["pid"], signal.SIGCONT)
-
-    pauser = threading.Thread(target=pause_first_worker)
-    pauser.start()
+    pauser = pause_first_worker(tmp_path / "work", 12.0, stopped)
     done = run_campaign(
         tmp_path, 3, 1, 4, "lost_after=3", "heartbeat=0.5", steps=200, timeout=300,
         options=["-disable-auto-cleanup"],
@@ -305,15 +318,7 @@ def test_losing_the_last_worker_stops_the_campaign_at_once_with_a_clear_error(tm
     """Nothing can run any more: the driver says so (no waiting for room), keeps what
     finished, and the campaign can be resumed on a new allocation."""
     work = tmp_path / "work"
-
-    def kill_the_worker() -> None:
-        deadline = time.monotonic() + 120
-        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(json.loads(started[0].read_text())["pid"], signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_the_worker)
-    killer.start()
+    killer = in_background(lambda: os.kill(first_started_node(work)["pid"], signal.SIGKILL))
     began = time.monotonic()
     done = run_campaign(
         tmp_path, 2, 1, 4, "lost_after=10", "driver_worker=no", steps=200, timeout=300,
@@ -348,19 +353,7 @@ def test_a_worker_lost_for_silence_comes_back_when_it_answers_again(tmp_path):
     trials, instead of idling for the rest of the allocation."""
     work = tmp_path / "work"
     paused: dict = {}
-
-    def pause_first_worker() -> None:
-        deadline = time.monotonic() + 120
-        while not (started := list(work.glob("*/node0.json"))) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        paused.update(json.loads(started[0].read_text()))
-        os.kill(paused["pid"], signal.SIGSTOP)
-        time.sleep(4.0)
-        paused["resumed_at"] = time.time()
-        os.kill(paused["pid"], signal.SIGCONT)
-
-    pauser = threading.Thread(target=pause_first_worker)
-    pauser.start()
+    pauser = pause_first_worker(work, 4.0, paused)
     done = run_campaign(
         tmp_path, 3, 1, 8, "lost_after=2", "heartbeat=0.5", steps=200, timeout=300,
         options=["-disable-auto-cleanup"],
