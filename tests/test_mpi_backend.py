@@ -212,14 +212,12 @@ def test_a_worker_killed_mid_trial_is_an_error_and_the_campaign_goes_on(tmp_path
 def test_a_worker_that_stops_answering_is_lost_and_released_at_the_end(tmp_path):
     """SIGSTOP (not a death: hydra sees nothing): the driver's heartbeat check loses it;
     once it runs again it obeys the cancel and the exit, so the job ends at once. The pause
-    outlasts the campaign, so the driver has exited by then: hydra must not clean up the
-    job when rank 0 ends (``-disable-auto-cleanup``, as the module's docstring asks), or it
-    SIGKILLs the stopped worker and mpiexec ends with 9."""
+    outlasts the campaign: the driver, having dropped the beats it never read, finalizes
+    cleanly and exits first, and hydra (cleanup not disabled) waits for the worker."""
     stopped: dict = {}
     pauser = pause_first_worker(tmp_path / "work", 12.0, stopped)
     done = run_campaign(
         tmp_path, 3, 1, 4, "lost_after=3", "heartbeat=0.5", steps=200, timeout=300,
-        options=["-disable-auto-cleanup"],
     )  # fmt: skip
     pauser.join()
     assert done.returncode == 0, done.stdout
