@@ -106,21 +106,46 @@ def check_options(backend: str, options: Mapping[str, str], valid: Iterable[str]
         )
 
 
+def number_option(
+    backend: str,
+    options: Mapping[str, str],
+    key: str,
+    default: float,
+    low: float,
+    high: float = math.inf,
+) -> float:
+    """A ``--backend-opt`` number in ``[low, high]`` (``default`` when absent)."""
+    value = _option_number(backend, options, key, "a number")
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise BackendError(
+            f"{backend} option {key} must lie in [{low:g}, {high:g}], got {options[key]}"
+        )
+    return value
+
+
 def positive_option(
     backend: str, options: Mapping[str, str], key: str, default: float, unit: str = ""
 ) -> float:
     """A ``--backend-opt`` that must be a positive finite number (``default`` when absent)."""
+    what = f"a positive number{' of ' + unit if unit else ''}"
+    value = _option_number(backend, options, key, what)
+    if value is None:
+        return default
+    if not 0 < value < math.inf:
+        raise BackendError(f"{backend} option {key} must be {what}, got {options[key]!r}")
+    return value
+
+
+def _option_number(backend: str, options: Mapping[str, str], key: str, what: str) -> float | None:
     text = options.get(key)
     if text is None:
-        return default
+        return None
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = -1.0
-    if not 0 < value < math.inf:
-        what = f"a positive number{' of ' + unit if unit else ''}"
-        raise BackendError(f"{backend} option {key} must be {what}, got {text!r}")
-    return value
+        raise BackendError(f"{backend} option {key} must be {what}, got {text!r}") from None
 
 
 def _module(name: str) -> Any:
@@ -165,6 +190,7 @@ __all__ = [
     "Finished",
     "check_options",
     "create_backend",
+    "number_option",
     "parse_options",
     "positive_option",
     "serve_if_worker",

@@ -25,6 +25,7 @@ A trial whose simulated run (warm-up and measured steps) would exceed its timeou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import math
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsearch.backends import Finished, check_options
+from parsearch.backends import Finished, check_options, number_option
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
@@ -62,23 +63,7 @@ class SimulateSettings:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SimulateSettings:
         check_options("simulate", options, OPTIONS)
-
-        def number(key: str, default: float, low: float, high: float = math.inf) -> float:
-            text = options.get(key)
-            if text is None:
-                return default
-            try:
-                value = float(text)
-            except ValueError:
-                raise BackendError(
-                    f"simulate option {key} must be a number, got {text!r}"
-                ) from None
-            if not low <= value <= high:
-                raise BackendError(
-                    f"simulate option {key} must lie in [{low:g}, {high:g}], got {text}"
-                )
-            return value
-
+        number = functools.partial(number_option, "simulate", options)
         offset = 0.0
         if "mem_offset" in options:
             text = options["mem_offset"].strip()
