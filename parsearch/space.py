@@ -10,6 +10,7 @@ valid, so a typo never silently becomes a default.
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import math
 from collections import Counter
@@ -195,7 +196,12 @@ class SearchSpace:
         return prediction.memory.total <= self.memory_limit_bytes
 
     def plan(self) -> SpacePlan:
-        """Enumerate the whole space once and sort every point into what can run."""
+        """Every point of the space sorted into what can run; computed once per space (it
+        is immutable), since the run command and the strategy both need it."""
+        return self._plan
+
+    @functools.cached_property
+    def _plan(self) -> SpacePlan:
         total = 0
         reasons: Counter[str] = Counter()
         oom: list[tuple[ParallelLayout, Prediction]] = []

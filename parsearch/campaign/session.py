@@ -141,6 +141,8 @@ def start_campaign(
                     file=sys.stderr,
                 )
             return _continue(store, campaign, budget, resume_overrides, progress, stop)
+        if warning := space.plan().timeout_warning():
+            print(f"warning: {warning}", file=sys.stderr)
         # Everything that can refuse the settings does so before the campaign exists, so a
         # typo never leaves behind a campaign that only `resume` could reach.
         parts = _Parts.build(space, settings, seed)

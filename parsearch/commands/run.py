@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from parsearch.backends import serve_if_worker
@@ -79,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
         backend = stored_backend(args.store, args.name or load_space(args.space).name)
     if serve_if_worker(backend or "local"):  # before anything rank 0 alone may fail at
         return 0
-    space = load_space(args.space)
     given = session_overrides(args)
     settings = CampaignSettings(
         strategy=args.strategy,
@@ -88,9 +86,6 @@ def run(args: argparse.Namespace) -> int:
         warm_start_name=args.warm_start_name,
         **given,
     )
-    warning = space.plan().timeout_warning()
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
     summary = start_campaign(
         args.space,
         args.store,
