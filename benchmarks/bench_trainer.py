@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from parsearch.bench import run_trial
-from parsearch.bench.plain import plain_training
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.result import TrialResult
+from parsearch.trainers.builtin import run_trial
+from parsearch.trainers.builtin.plain import plain_training
 from parsearch.trial import TrialSpec
 
 WARMUP = 2

@@ -33,8 +33,8 @@ import yaml
 from parsearch.backends import create_backend
 from parsearch.campaign.driver import Driver, DriverSettings
 from parsearch.campaign.lease import Lease
-from parsearch.campaign.strategy import GuidedStrategy, Proposal
 from parsearch.config import ParallelLayout
+from parsearch.search.strategy import GuidedStrategy, Proposal
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import SQLiteStore, open_store
 

@@ -4,7 +4,7 @@ Every campaign runs the real driver in-process, with a real store (a temporary f
 the ``simulate`` backend, one slot, for ``--budget`` trials. The strategies:
 
 * ``default``: parsearch's (rules + calibrated estimate + DeepHyper CBO, see
-  :class:`parsearch.campaign.strategy.GuidedStrategy`);
+  :class:`parsearch.search.strategy.GuidedStrategy`);
 * ``cbo-raw``: DeepHyper's CBO on the raw product of the searched dimensions;
 * ``random``: uniform sampling without replacement over the raw space;
 * ``grid``: the order a person would try (:class:`PersonGrid`).
@@ -49,11 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from parsearch.backends.simulate import SimulateBackend, SimulateSettings, simulate_trial
-from parsearch.campaign.calibration import CalibratedEstimate
 from parsearch.campaign.driver import Driver, DriverSettings
 from parsearch.campaign.lease import Lease
-from parsearch.campaign.optimizer import CBOSettings
-from parsearch.campaign.strategy import (
+from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+from parsearch.result import TrialResult, TrialState
+from parsearch.search.calibration import CalibratedEstimate
+from parsearch.search.optimizer import CBOSettings
+from parsearch.search.strategy import (
     DEFAULT_CBO,
     GuidedStrategy,
     Proposal,
@@ -61,8 +63,6 @@ from parsearch.campaign.strategy import (
     Strategy,
     make_strategy,
 )
-from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
-from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace, load_space
 from parsearch.store import TrialRecord, open_store
 from parsearch.trial import TrialSpec

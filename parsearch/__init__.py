@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     """``parsearch.results`` (a campaign's trials as a DataFrame) loads pandas on first use."""
     if name == "results":
-        from parsearch.campaign.query import results
+        from parsearch.query import results
 
         return results
     raise AttributeError(f"module 'parsearch' has no attribute {name!r}")

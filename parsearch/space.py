@@ -544,7 +544,7 @@ class _Reader:
         if kind not in TRAINER_KINDS:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
         if kind == "command":
-            from parsearch.trainers.command import validate_section
+            from parsearch.trainers.command.trainer import validate_section
 
             return validate_section(value, self.source)
         data = dict(self.mapping(value, "trainer", _BUILTIN_TRAINER_KEYS))

@@ -6,8 +6,8 @@ Run as a program it is one rank of a test launch (started by the node agent):
 * ``many SPECS OUT``: train every spec of the JSON list ``SPECS`` in turn inside one process
   group (one launch instead of one per spec: process start-up dominates on a small CPU);
   rank 0 writes the results as a JSON list to ``OUT``;
-* ``fault MODE RANK SPEC OUT``: the real ``python -m parsearch.bench`` rank program, except
-  that rank ``RANK``'s model raises (``MODE=raise``) or sleeps forever (``MODE=hang``) in
+* ``fault MODE RANK SPEC OUT``: the real ``python -m parsearch.trainers.builtin`` rank program,
+  except that rank ``RANK``'s model raises (``MODE=raise``) or sleeps forever (``MODE=hang``) in
   its first forward.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import run_local
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.launch.process import run_local
 from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
@@ -124,8 +124,13 @@ def one_thread() -> Iterator[None]:
 
 
 def _many(specs_path: str, out: str) -> None:
-    from parsearch.bench.env import RankEnv
-    from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
+    from parsearch.trainers.builtin.env import RankEnv
+    from parsearch.trainers.builtin.trainer import (
+        TrainerSettings,
+        process_group,
+        resolve_device,
+        train,
+    )
 
     faulthandler.enable()
     specs = [TrialSpec.from_dict(item) for item in json.loads(Path(specs_path).read_text())]
@@ -140,8 +145,8 @@ def _many(specs_path: str, out: str) -> None:
 
 
 def _fault(mode: str, rank: str, spec: str, out: str) -> int:
-    from parsearch.bench.__main__ import main
-    from parsearch.bench.model import Transformer
+    from parsearch.trainers.builtin.__main__ import main
+    from parsearch.trainers.builtin.model import Transformer
 
     if os.environ.get("RANK") == rank:
 

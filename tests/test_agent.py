@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from bench_helpers import child_pids_alive
 
-from parsearch.agent import TAIL_BYTES, NodeRun, free_port, run_local, run_node
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.launch.process import TAIL_BYTES, NodeRun, free_port, run_local, run_node
 from parsearch.result import TrialState
 from parsearch.trial import TrialSpec
 

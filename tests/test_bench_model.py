@@ -7,13 +7,13 @@ import torch
 from bench_helpers import GLOBAL_BATCH, one_thread, tiny_spec
 from torch.utils.flop_counter import FlopCounterMode
 
-from parsearch.bench.env import RankEnv
-from parsearch.bench.model import Transformer, loss_fn, materialize
-from parsearch.bench.parallelize import apply_recompute, schedule_used, split_stage
-from parsearch.bench.plain import plain_training
-from parsearch.bench.trainer import TrainerSettings, synthetic_batch
 from parsearch.errors import TrainerError
 from parsearch.estimate import flops_breakdown, param_count
+from parsearch.trainers.builtin.env import RankEnv
+from parsearch.trainers.builtin.model import Transformer, loss_fn, materialize
+from parsearch.trainers.builtin.parallelize import apply_recompute, schedule_used, split_stage
+from parsearch.trainers.builtin.plain import plain_training
+from parsearch.trainers.builtin.trainer import TrainerSettings, synthetic_batch
 
 ARCHS = [{}, {"arch": "llama", "num_kv_heads": 2}]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from bench_helpers import GLOBAL_BATCH, one_thread, run_many, tiny_spec
 
-from parsearch.bench.plain import plain_training
 from parsearch.estimate import EstimateSettings, memory_by_stage
+from parsearch.trainers.builtin.plain import plain_training
 
 LLAMA = {"arch": "llama", "num_kv_heads": 2}
 GPIPE = {"schedule": "gpipe"}

@@ -11,11 +11,11 @@ import time
 import pytest
 from bench_helpers import child_pids_alive, fault_command, one_thread, tiny_spec
 
-from parsearch.agent import NodeRun, free_port
-from parsearch.bench import run_trial
-from parsearch.bench.plain import plain_training
 from parsearch.estimate import EstimateSettings, memory_by_stage
+from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
+from parsearch.trainers.builtin import run_trial
+from parsearch.trainers.builtin.plain import plain_training
 
 pytestmark = pytest.mark.multiprocess
 
@@ -29,7 +29,15 @@ def test_command_line_runs_one_rank_without_a_launcher(tmp_path):
     spec_path.write_text(tiny_spec().to_json())
     env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "parsearch.bench", "--spec", str(spec_path), "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "parsearch.trainers.builtin",
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -128,7 +136,7 @@ def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
     worker = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from parsearch.agent import NodeRun, free_port\n"
+        "from parsearch.launch.process import NodeRun, free_port\n"
         "from parsearch.trial import TrialSpec\n"
         "d = Path(sys.argv[1])\n"
         "spec = TrialSpec.from_json((d / 'trial.json').read_text())\n"

@@ -5,14 +5,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parsearch.campaign.calibration import (
+from parsearch.search.calibration import (
     STEP_PARTS,
     CalibratedEstimate,
     MemoryCalibration,
     StepTimeCalibration,
     step_parts,
 )
-from parsearch.campaign.candidates import Candidate
+from parsearch.search.candidates import Candidate
 from parsearch.space import load_space
 
 GIB = 2**30

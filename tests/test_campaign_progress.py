@@ -6,9 +6,9 @@ import socket
 import time
 
 from parsearch.campaign.progress import Progress, Snapshot, format_duration
-from parsearch.campaign.query import campaign_progress
 from parsearch.commands.status import render_text as status_text
 from parsearch.config import ParallelLayout
+from parsearch.query import campaign_progress
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import CampaignStatus, SQLiteStore
 

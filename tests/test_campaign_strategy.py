@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.campaign.candidates import raw_layout
-from parsearch.campaign.strategy import (
+from parsearch.search.candidates import raw_layout
+from parsearch.search.strategy import (
     GuidedStrategy,
     RandomStrategy,
     RawCBOStrategy,

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from parsearch.campaign import results
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.cli import main
+from parsearch.query import results
 from parsearch.store import open_store
 
 ROOT = Path(__file__).parent.parent

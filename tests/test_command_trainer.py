@@ -1,5 +1,5 @@
 """The command trainer: templates checked at load time, and trials of tests/fake_trainer.py
-driven through the real node agent (parsearch.agent), one class of outcome per test.
+driven through the real node agent (parsearch.launch.process), one class of outcome per test.
 
 Campaigns of the same fake trainer on the local and mpi backends are in
 tests/test_local_backend.py and tests/test_mpi_backend.py.
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.agent import NodeRun, free_port
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
+from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
 from parsearch.trainers import merge_results, node_run
-from parsearch.trainers.command import (
+from parsearch.trainers.command.trainer import (
     CommandNodeRun,
     CommandSettings,
     merge_node_results,

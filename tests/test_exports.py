@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from parsearch.config import ParallelLayout
-from parsearch.exports import EXPORTERS, ExportError, export
 from parsearch.space import SearchSpace, space_from_dict
+from parsearch.trainer_flags import EXPORTERS, ExportError, export
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 

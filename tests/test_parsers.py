@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
-from parsearch.trainers.failures import first_oom_line, is_oom_line
-from parsearch.trainers.parsers import make_parser, parse_lines
-from parsearch.trainers.summary import NoMeasurement, summarize
+from parsearch.launch.oom import first_oom_line, is_oom_line
+from parsearch.trainers.command.parsers import make_parser, parse_lines
+from parsearch.trainers.command.summary import NoMeasurement, summarize
 from parsearch.trial import TrialSpec
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

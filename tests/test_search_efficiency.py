@@ -14,8 +14,8 @@ import pytest
 
 from parsearch.backends.simulate import SimulateSettings, simulate_trial
 from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
-from parsearch.campaign.strategy import GuidedStrategy
 from parsearch.result import TrialState
+from parsearch.search.strategy import GuidedStrategy
 from parsearch.space import load_space
 from parsearch.store import open_store
 from parsearch.trial import TrialSpec

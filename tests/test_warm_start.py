@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
-from parsearch.campaign.strategy import StrategyError, make_strategy
-from parsearch.campaign.transfer import WarmStartError, load_warm_start
 from parsearch.cli import main
 from parsearch.result import TrialState
+from parsearch.search.strategy import StrategyError, make_strategy
+from parsearch.search.warm_start import WarmStartError, load_warm_start
 from parsearch.space import load_space
 from parsearch.store import open_store
 

@@ -1,9 +1,9 @@
 """``local``: this machine as one node; each trial is a group of local rank processes.
 
-Trials run through the node agent (:class:`parsearch.agent.NodeRun`, picked by trainer kind
+Trials run through the node agent (:class:`parsearch.launch.process.NodeRun`, picked by trainer kind
 with :func:`parsearch.trainers.node_run`), which gives each rank its own process group, log
 file and timeout, so a trial that crashes, hangs or runs out of memory ends as a result,
-never as an exception in the driver. Ranks start through :mod:`parsearch.backends.guard`, so
+never as an exception in the driver. Ranks start through :mod:`parsearch.launch.guard`, so
 a driver killed with ``kill -9`` takes its trials with it instead of leaving them to compete
 with the ones ``resume`` starts. Several trials run at once
 when the machine has room for them (``slots``),
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.backends import Finished, check_options, positive_option
-from parsearch.backends.guard import guarded
 from parsearch.errors import BackendError
+from parsearch.launch.guard import guarded
+from parsearch.launch.process import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results, node_run

@@ -10,7 +10,7 @@ Every rank runs the same command, so a job script needs one line::
 0 touches it); :func:`create` makes rank 0's backend.
 
 * **Nodes.** Each worker rank is one node: it runs its node's share of one trial at a time
-  (:mod:`parsearch.backends.node`; the ranks start through the node agent, and die with the
+  (:mod:`parsearch.launch.node`; the ranks start through the node agent, and die with the
   worker). Rank 0 also works its own node when no other rank shares its host (one rank per
   node, as above: node 0 is not wasted), and only drives when one does (``mpiexec -n 3`` on
   one machine: a driver and two "nodes"); ``driver_worker=yes|no`` overrides.
@@ -97,8 +97,8 @@ from parsearch.backends.mpi_worker import (
     serve,
     world,
 )
-from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.errors import BackendError
+from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results

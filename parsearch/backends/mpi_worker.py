@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.backends.node import NodeSlot
+from parsearch.launch.node import NodeSlot
 
 TAG = 0x7073
 BEAT_TAG = 0x7074
@@ -42,13 +42,13 @@ BYE_WAIT_S = 5.0
 
 # driver -> worker, TAG
 WELCOME = "welcome"  # WorkerSettings
-RUN = "run"  # parsearch.backends.node.NodeOrder
+RUN = "run"  # parsearch.launch.node.NodeOrder
 CANCEL = "cancel"  # trial id (None: no trial, only the acknowledgement is wanted)
 EXIT = "exit"  # None
 # worker -> driver, TAG
 HELLO = "hello"  # (host, pid)
-STARTED = "started"  # parsearch.backends.node.NodeStarted
-DONE = "done"  # parsearch.backends.node.NodeDone
+STARTED = "started"  # parsearch.launch.node.NodeStarted
+DONE = "done"  # parsearch.launch.node.NodeDone
 CANCELLED = "cancelled"  # the trial id of a CANCEL, once this node no longer runs it
 BYE = "bye"  # None: the worker is leaving
 # BEAT_TAG

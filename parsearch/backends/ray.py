@@ -1,6 +1,6 @@
 """``ray``: each trial gets a placement group of one bundle per node, and one actor per bundle.
 
-An actor runs its node's share of the trial (:class:`~parsearch.backends.node.NodeSlot`,
+An actor runs its node's share of the trial (:class:`~parsearch.launch.node.NodeSlot`,
 so the ranks start through the node agent and die with the actor). The actor of node 0
 picks a free port on its node and reports it with the node's IP address; the driver then
 starts the other nodes' actors with that rendezvous (``MASTER_ADDR`` = node 0's IP). A
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import uses_gpu
 from parsearch.backends import Finished, check_options, positive_option
-from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.errors import BackendError
+from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
+from parsearch.launch.process import uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results

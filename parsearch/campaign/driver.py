@@ -23,14 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.backends import Backend, Finished
-from parsearch.campaign.candidates import layout_problems
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.progress import Progress, Snapshot
 from parsearch.campaign.signals import StopRequest
-from parsearch.campaign.strategy import Proposal, Strategy
 from parsearch.config import ParallelLayout
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult, TrialState
+from parsearch.search.candidates import layout_problems
+from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace
 from parsearch.store import Campaign, SQLiteStore, TrialRecord
 from parsearch.trial import TrialSpec

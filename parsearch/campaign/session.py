@@ -21,9 +21,9 @@ from parsearch.campaign.driver import Driver, DriverSettings, Outcome
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
-from parsearch.campaign.strategy import Strategy, make_strategy
 from parsearch.errors import ParsearchError, StoreError
 from parsearch.result import TrialResult, TrialState
+from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from parsearch.campaign.arguments import add_store_arguments, memory_size
-from parsearch.campaign.formats import FORMATS, format_layout
-from parsearch.campaign.query import open_campaign
+from parsearch.commands._arguments import add_store_arguments, memory_size
+from parsearch.commands._formats import FORMATS, format_layout
 from parsearch.errors import ParsearchError
+from parsearch.query import open_campaign
 from parsearch.units import format_bytes
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from parsearch.campaign.arguments import add_store_arguments
-from parsearch.campaign.query import open_campaign
+from parsearch.commands._arguments import add_store_arguments
+from parsearch.query import open_campaign
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 
 from parsearch.backends import serve_if_worker
-from parsearch.campaign.arguments import (
+from parsearch.campaign.progress import Progress
+from parsearch.campaign.session import resume_campaign, stored_backend
+from parsearch.commands._arguments import (
     add_session_arguments,
     add_store_arguments,
     positive_int,
     session_overrides,
 )
-from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import resume_campaign, stored_backend
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from parsearch.backends import serve_if_worker
-from parsearch.campaign.arguments import add_session_arguments, positive_int, session_overrides
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import (
     DEFAULT_BUDGET,
@@ -14,7 +13,8 @@ from parsearch.campaign.session import (
     start_campaign,
     stored_backend,
 )
-from parsearch.campaign.strategy import STRATEGIES
+from parsearch.commands._arguments import add_session_arguments, positive_int, session_overrides
+from parsearch.search.strategy import STRATEGIES
 from parsearch.space import load_space
 
 

@@ -6,9 +6,9 @@ import argparse
 import json
 from datetime import datetime
 
-from parsearch.campaign.arguments import add_store_arguments
 from parsearch.campaign.progress import describe_best, format_duration
-from parsearch.campaign.query import CampaignProgress, campaign_progress, open_campaign
+from parsearch.commands._arguments import add_store_arguments
+from parsearch.query import CampaignProgress, campaign_progress, open_campaign
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Any
 
-from parsearch.campaign.arguments import add_store_arguments, memory_size, positive_int
-from parsearch.campaign.formats import trial_document
-from parsearch.campaign.query import open_campaign
+from parsearch.commands._arguments import add_store_arguments, memory_size, positive_int
+from parsearch.commands._formats import trial_document
+from parsearch.query import open_campaign
 from parsearch.store import Campaign, TrialRecord
 from parsearch.units import format_bytes
 

@@ -20,8 +20,8 @@ from parsearch.estimate.flops import embedding_params, head_params, layer_params
 _STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 4, 12), "fp32": (4, 4, 8)}
 _ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # "megatron": Megatron-LM / DeepSpeed accounting (16-bit weights, distributed optimizer for
-# ZeRO-1). "torch": the built-in trainer (parsearch.bench): fp32 weights with bf16 autocast
-# or FSDP2 mixed precision, FSDP2's sharded + gathered copies, autograd's weight-gradient
+# ZeRO-1). "torch": the built-in trainer (parsearch.trainers.builtin): fp32 weights with bf16
+# autocast or FSDP2 mixed precision, FSDP2's sharded + gathered copies, autograd's weight-gradient
 # temporaries and torch.distributed.pipelining's buffers (see _torch_memory).
 FRAMEWORKS = ("megatron", "torch")
 

@@ -18,9 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from parsearch.errors import ParsearchError
-from parsearch.exports import EXPORTERS, export
 from parsearch.report.data import ReportData, layout_of, pareto_front, top_table
 from parsearch.report.figures import FIGURES, format_metric
+from parsearch.trainer_flags import EXPORTERS, export
 from parsearch.units import format_bytes
 
 # What each figure answers and how to read it: the captions of the page.

@@ -1,8 +1,8 @@
 """Trainers other than the built-in benchmark: the command trainer and its log parsers.
 
-:mod:`parsearch.trainers.command` runs a user's training program from a template filled with
-the trial's layout; :mod:`parsearch.trainers.parsers` reads Megatron-LM, Megatron-DeepSpeed,
-torchtitan, JSON or user-patterned logs; :mod:`parsearch.trainers.failures` recognises
+:mod:`parsearch.trainers.command.trainer` runs a user's training program from a template filled with
+the trial's layout; :mod:`parsearch.trainers.command.parsers` reads Megatron-LM, Megatron-DeepSpeed,
+torchtitan, JSON or user-patterned logs; :mod:`parsearch.launch.oom` recognises
 out-of-memory failures. Importing this package starts nothing and imports no torch.
 
 Backends pick the node run by the trial's trainer with :func:`node_run` and combine a
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from parsearch.agent import NodeRun
+from parsearch.launch.process import NodeRun
 from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
@@ -32,7 +32,7 @@ def node_run(
 ) -> NodeRun:
     """A not-yet-started run of one node of ``spec``, for its trainer kind."""
     if spec.trainer.get("kind") == "command":
-        from parsearch.trainers.command import CommandNodeRun
+        from parsearch.trainers.command.trainer import CommandNodeRun
 
         return CommandNodeRun(
             spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s
@@ -54,7 +54,7 @@ def merge_results(spec: TrialSpec, results: Sequence[TrialResult]) -> TrialResul
     else node 0's for the built-in trainer, or the last node with metrics for a command
     (Megatron prints from the last rank, which lives on the last node)."""
     if spec.trainer.get("kind") == "command":
-        from parsearch.trainers.command import merge_node_results
+        from parsearch.trainers.command.trainer import merge_node_results
 
         return merge_node_results(results)
     failed = [r for r in results if not r.ok and r.status is not TrialState.INTERRUPTED]

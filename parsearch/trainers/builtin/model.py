@@ -1,7 +1,8 @@
 """A decoder-only transformer you can read in one sitting, free of any parallelism.
 
-Parallelism is applied from outside (:mod:`parsearch.bench.parallelize`), as in torchtitan,
-so this file only describes the maths. Two things in it exist for the parallel code's sake:
+Parallelism is applied from outside (:mod:`parsearch.trainers.builtin.parallelize`), as in
+torchtitan, so this file only describes the maths. Two things in it exist for the parallel
+code's sake:
 
 * layers live in a ``ModuleDict`` keyed by their global index, and every optional part
   (embeddings, final norm, output) may be ``None``, so a pipeline stage is this same class

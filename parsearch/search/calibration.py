@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parsearch.campaign.candidates import Candidate
 from parsearch.config import ParallelLayout
 from parsearch.estimate import Prediction
 from parsearch.estimate.timing import gemm_efficiency
+from parsearch.search.candidates import Candidate
 from parsearch.space import SearchSpace
 
 STEP_PARTS: tuple[str, ...] = ("compute", "small_gemm", "tp_comm", "p2p", "dp_comm")

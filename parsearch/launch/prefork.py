@@ -5,7 +5,7 @@ Importing torch and its distributed libraries costs a rank 2-3 s of CPU, which o
 node is most of a short trial (four ranks on two cores: over 5 s). The node agent therefore
 starts the built-in trainer's ranks through a fork server, one per agent process, that has
 imported the trainer once. Each rank is a fork of it (milliseconds) that then behaves
-exactly as ``python -m parsearch.bench`` started by the agent: its own session (the agent
+exactly as ``python -m parsearch.trainers.builtin`` started by the agent: its own session (the agent
 kills its process group), stdout and stderr to its log file, the agent's environment, the
 trial directory as working directory.
 
@@ -37,8 +37,8 @@ import threading
 from pathlib import Path
 
 PRELOAD = (
-    "parsearch.bench.__main__",
-    "parsearch.bench.trainer",
+    "parsearch.trainers.builtin.__main__",
+    "parsearch.trainers.builtin.trainer",
     "torch.distributed._tools.mem_tracker",
 )
 PR_SET_PDEATHSIG = 1
@@ -74,7 +74,7 @@ class ForkServer:
         # torch.cuda.is_available() through NVML, without creating a CUDA context.
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from parsearch.bench.prefork import serve; serve()"],
+            [sys.executable, "-c", "from parsearch.launch.prefork import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -215,7 +215,8 @@ def _report_exits(replies) -> None:
 
 
 def _run_rank(request: dict) -> None:
-    """In the forked child: become ``python -m parsearch.bench`` as the agent starts it."""
+    """In the forked child: become ``python -m parsearch.trainers.builtin``, as the agent
+    starts it."""
     server = os.getppid()
     os.setsid()
     _die_with_parent()
@@ -232,7 +233,7 @@ def _run_rank(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    from parsearch.bench.__main__ import run_and_exit
+    from parsearch.trainers.builtin.__main__ import run_and_exit
 
     run_and_exit(request["argv"])
 

@@ -97,8 +97,9 @@ register_format("text", _text)
 register_format("json", _json)
 register_format("yaml", _yaml)
 
-# Trainer settings (Megatron-LM, Megatron-DeepSpeed, DeepSpeed, torchtitan): parsearch.exports.
-from parsearch.exports import EXPORTERS, record_formatter  # noqa: E402
+# Trainer settings (Megatron-LM, Megatron-DeepSpeed, DeepSpeed, torchtitan):
+# parsearch.trainer_flags.
+from parsearch.trainer_flags import EXPORTERS, record_formatter  # noqa: E402
 
 for _name in EXPORTERS:
     register_format(_name, record_formatter(_name))

@@ -1,6 +1,6 @@
 """Log parsers of the command trainer, chosen by the space's ``trainer.parser``.
 
-Each reads a log line by line into a :class:`~parsearch.trainers.parsers.base.LogScan`;
+Each reads a log line by line into a :class:`~parsearch.trainers.command.parsers.base.LogScan`;
 :func:`make_parser` builds a fresh one per log (the regex parser counts its matches).
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from parsearch.trainers.parsers.base import LineParser, LogScan, Step, strip_ansi
-from parsearch.trainers.parsers.jsonl import JsonParser
-from parsearch.trainers.parsers.megatron import MegatronParser
-from parsearch.trainers.parsers.regex import RegexParser
-from parsearch.trainers.parsers.torchtitan import TorchtitanParser
+from parsearch.trainers.command.parsers.base import LineParser, LogScan, Step, strip_ansi
+from parsearch.trainers.command.parsers.jsonl import JsonParser
+from parsearch.trainers.command.parsers.megatron import MegatronParser
+from parsearch.trainers.command.parsers.regex import RegexParser
+from parsearch.trainers.command.parsers.torchtitan import TorchtitanParser
 
 PARSERS: tuple[str, ...] = ("json", "megatron", "megatron-deepspeed", "torchtitan", "regex")
 

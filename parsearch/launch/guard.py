@@ -11,7 +11,7 @@ command, which keeps that request and the process id the agent knows. Linux only
 elsewhere the command runs unguarded.
 
 Ranks the agent forks from its warm fork server (the built-in trainer, see
-:mod:`parsearch.bench.prefork`) need no guard: they die with the server, which exits with
+:mod:`parsearch.launch.prefork`) need no guard: they die with the server, which exits with
 this process; guarding them would only cost them the warm start.
 
 It costs one more interpreter start per spawned rank, so as a script it imports nothing
@@ -25,7 +25,7 @@ import os
 import sys
 
 if __name__ != "__main__":  # as a module only: the script must start fast
-    from parsearch.agent import NodeRun
+    from parsearch.launch.process import NodeRun
 
 PR_SET_PDEATHSIG = 1
 SIGKILL = 9  # not signal.SIGKILL: importing signal imports enum

@@ -5,7 +5,7 @@ memory, hangs or crashes only ever kills its own processes, never a worker:
 
 * each rank is a process in its own session, so killing its process group also kills
   anything it started. The built-in trainer's ranks (the default command, unchanged) are
-  forked from a server that has imported torch already (:mod:`parsearch.bench.prefork`:
+  forked from a server that has imported torch already (:mod:`parsearch.launch.prefork`:
   milliseconds instead of seconds a rank); any other command is started as a new program;
 * its stdout and stderr go to ``<trial_dir>/rank<N>.log``, never to a pipe that could fill up
   and block it; only a bounded tail of a log is ever read back;
@@ -41,7 +41,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
-    from parsearch.bench.prefork import ForkedRank
+    from parsearch.launch.prefork import ForkedRank
 
 OOM_MARKERS = (
     "out of memory",
@@ -122,7 +122,7 @@ def default_command(trial_dir: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "parsearch.bench",
+        "parsearch.trainers.builtin",
         "--spec",
         str(trial_dir / SPEC_FILE),
         "--out",
@@ -263,7 +263,7 @@ class NodeRun:
             log = self.trial_dir / f"rank{rank}.log"
             env = self.rank_env(rank, local, len(local_ranks))
             if forked:
-                from parsearch.bench.prefork import ForkedRank
+                from parsearch.launch.prefork import ForkedRank
 
                 process = ForkedRank(env, log, self.trial_dir, self.command[3:])
             else:
@@ -273,10 +273,10 @@ class NodeRun:
 
     def forks_builtin_trainer(self) -> bool:
         """Whether the ranks are the built-in trainer, unchanged (a backend may prefix a
-        guard to the command), and may be forked warm (:mod:`parsearch.bench.prefork`)."""
+        guard to the command), and may be forked warm (:mod:`parsearch.launch.prefork`)."""
         if not self.prefork or self.command != default_command(self.trial_dir):
             return False
-        from parsearch.bench import prefork
+        from parsearch.launch import prefork
 
         return prefork.available()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from parsearch.trainers.parsers.base import LogScan, Step, leading_number
+from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number
 
 _PAIR = re.compile(r"\b(step|loss|memory|tps|tflops|mfu):\s*(\S+)")
 GIB = 1024**3

@@ -2,7 +2,8 @@
 a few steps on synthetic tokens, time them and measure memory.
 
 Numerics are those of one process training on the whole global batch: every layout starts
-from the same weights (see :func:`parsearch.bench.model.init_weights`), sees the same tokens,
+from the same weights (see :func:`parsearch.trainers.builtin.model.init_weights`), sees the
+same tokens,
 and its loss is the mean token cross-entropy over the global batch, so each micro-batch's
 mean loss is divided by the number of micro-batches (``gas``) and gradients are averaged over
 data-parallel ranks.
@@ -24,10 +25,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from parsearch.bench.env import RankEnv
-from parsearch.bench.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
-from parsearch.bench.model import Transformer, materialize
-from parsearch.bench.parallelize import (
+from parsearch.config import check_layout
+from parsearch.errors import TrainerError
+from parsearch.estimate import flops_per_step
+from parsearch.result import TrialResult, TrialState
+from parsearch.trainers.builtin.env import RankEnv
+from parsearch.trainers.builtin.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
+from parsearch.trainers.builtin.model import Transformer, materialize
+from parsearch.trainers.builtin.parallelize import (
     SCHEDULES,
     align_gradients,
     allreduce_gradients,
@@ -44,10 +49,6 @@ from parsearch.bench.parallelize import (
     sum_tied_embedding_grads,
     tied_embedding_group,
 )
-from parsearch.config import check_layout
-from parsearch.errors import TrainerError
-from parsearch.estimate import flops_per_step
-from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
 
@@ -81,7 +82,7 @@ class TrainerSettings:
         unknown = sorted(set(options) - known)
         if unknown:
             print(
-                f"parsearch.bench: ignoring unknown trainer settings {unknown}; "
+                f"parsearch.trainers.builtin: ignoring unknown trainer settings {unknown}; "
                 f"known: {sorted(known)}",
                 file=sys.stderr,
             )
@@ -268,7 +269,7 @@ def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Itera
     """The trial's process group (NCCL on GPU, gloo on CPU) for the duration of the block.
 
     Also applies ``OMP_NUM_THREADS``, which torch only reads when it is imported: a
-    preforked rank (:mod:`parsearch.bench.prefork`) imported it before its environment
+    preforked rank (:mod:`parsearch.launch.prefork`) imported it before its environment
     was set."""
     from datetime import timedelta
 

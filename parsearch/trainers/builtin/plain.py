@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from parsearch.bench.model import Transformer, loss_fn, materialize
-from parsearch.bench.trainer import TrainerSettings, synthetic_batch
+from parsearch.trainers.builtin.model import Transformer, loss_fn, materialize
+from parsearch.trainers.builtin.trainer import TrainerSettings, synthetic_batch
 from parsearch.trial import TrialSpec
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from parsearch.trainers.parsers.base import LogScan, Step, leading_number
+from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _MEMORY = re.compile(r"\bmemory \(MB\)\s*((?:\|\s*[^|:]+:\s*[\d.]+\s*)+)")

@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from parsearch.estimate import flops_per_step
-from parsearch.trainers.parsers.base import LogScan, Step
+from parsearch.trainers.command.parsers.base import LogScan, Step
 from parsearch.trial import TrialSpec
 
 

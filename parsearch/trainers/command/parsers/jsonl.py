@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from parsearch.trainers.parsers.base import LogScan
+from parsearch.trainers.command.parsers.base import LogScan
 
 SUMMARY_KEYS = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_bytes")
 

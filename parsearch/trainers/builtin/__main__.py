@@ -1,7 +1,7 @@
-"""``python -m parsearch.bench --spec trial.json [--out result.json]``: one rank of a trial.
+"""``python -m parsearch.trainers.builtin --spec trial.json [--out result.json]``: one rank.
 
 Started once per rank by the node agent (or by ``mpiexec``/``srun``/``torchrun``); the rank's
-place comes from the environment (see :mod:`parsearch.bench.env`). Rank 0 writes the
+place comes from the environment (see :mod:`parsearch.trainers.builtin.env`). Rank 0 writes the
 :class:`~parsearch.result.TrialResult` as JSON to ``--out`` and prints it as the last line of
 its output. A rank that fails exits non-zero with its traceback on stderr; the agent turns
 that into an ``error`` or ``oom`` result.
@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from parsearch.bench.env import RankEnv
+from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trial import TrialSpec
 
 
@@ -40,7 +40,9 @@ def process_age_s() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parsearch.bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m parsearch.trainers.builtin", description=__doc__
+    )
     parser.add_argument("--spec", required=True, type=Path, help="TrialSpec JSON file")
     parser.add_argument("--out", type=Path, help="where rank 0 writes the result JSON")
     args = parser.parse_args(argv)
@@ -50,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     phases = {"start_s": process_age_s()}
     began = time.perf_counter()
 
-    from parsearch.bench.trainer import TrainerSettings, process_group, resolve_device, train
+    from parsearch.trainers.builtin.trainer import (
+        TrainerSettings,
+        process_group,
+        resolve_device,
+        train,
+    )
 
     phases["import_s"] = time.perf_counter() - began
     device = resolve_device(TrainerSettings.from_spec(spec), spec, env)

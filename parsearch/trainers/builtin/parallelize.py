@@ -34,9 +34,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from parsearch.bench.model import Transformer, loss_fn
 from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.errors import TrainerError
+from parsearch.trainers.builtin.model import Transformer, loss_fn
 
 SCHEDULES = ("1f1b", "gpipe")
 

@@ -2,7 +2,7 @@
 
 A space names it with ``trainer: {kind: command, ...}`` (see :func:`validate_section` for the
 keys). For each node of a trial :class:`CommandNodeRun` fills the command template from the
-layout and starts it through the node agent (:class:`parsearch.agent.NodeRun`), which owns
+layout and starts it through the node agent (:class:`parsearch.launch.process.NodeRun`), which owns
 process groups, the timeout and the logs, in one of two ways:
 
 * ``launch: per_rank`` — once per rank, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import NodeRun, read_tail
 from parsearch.errors import SpaceError
+from parsearch.launch.oom import first_oom_line
+from parsearch.launch.process import NodeRun, read_tail
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers.failures import first_oom_line
-from parsearch.trainers.parsers import PARSERS, LogScan, make_parser, parse_lines
-from parsearch.trainers.parsers.regex import compile_patterns
-from parsearch.trainers.summary import NoMeasurement, summarize
-from parsearch.trainers.template import (
+from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
+from parsearch.trainers.command.parsers.regex import compile_patterns
+from parsearch.trainers.command.summary import NoMeasurement, summarize
+from parsearch.trainers.command.template import (
     PLACEHOLDERS,
     CommandTemplate,
     TemplateError,
@@ -252,7 +252,7 @@ def _render_file(template: Any, values: Mapping[str, Any]) -> str:
 
 class CommandNodeRun(NodeRun):
     """One node's part of a command-trainer trial; the same ``start``/``poll``/``kill``/
-    ``wait`` protocol as :class:`~parsearch.agent.NodeRun`, whose result it refines."""
+    ``wait`` protocol as :class:`~parsearch.launch.process.NodeRun`, whose result it refines."""
 
     def __init__(
         self,

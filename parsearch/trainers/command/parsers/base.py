@@ -1,7 +1,7 @@
 """What every log parser produces: the steps a trainer logged and its memory reports.
 
 Parsers only read; turning steps into the trial's metrics (warm-up, median, tokens/s, FLOPs)
-is :mod:`parsearch.trainers.summary`'s job, so every format is judged by the same rules.
+is :mod:`parsearch.trainers.command.summary`'s job, so every format is judged by the same rules.
 """
 
 from __future__ import annotations

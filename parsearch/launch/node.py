@@ -7,7 +7,7 @@ started, watch them, and kill them when the trial is cancelled. :class:`NodeSlot
 for at most one trial at a time (a node's devices belong to one trial). Orders and reports
 are plain picklable data, so MPI messages and Ray calls carry them unchanged.
 
-Ranks are guarded (:mod:`parsearch.backends.guard`), so they die with the worker; each
+Ranks are guarded (:mod:`parsearch.launch.guard`), so they die with the worker; each
 node also writes ``node<k>.json`` (host, worker pid, rank pids) into the trial directory,
 which says where a trial ran and lets tests find the worker to kill.
 """
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.agent import NodeRun, free_port
-from parsearch.backends.guard import guarded
+from parsearch.launch.guard import guarded
+from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers import node_run
 from parsearch.trial import TrialSpec

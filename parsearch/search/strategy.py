@@ -23,14 +23,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from parsearch.campaign.calibration import CalibratedEstimate
-from parsearch.campaign.candidates import Candidate, point_of, raw_layout
-from parsearch.campaign.optimizer import BayesianOptimizer, CBOSettings, Objective
-from parsearch.campaign.transfer import WarmStart, load_warm_start
 from parsearch.config import ParallelLayout
 from parsearch.errors import ParsearchError
 from parsearch.estimate import Prediction
 from parsearch.result import TrialResult, TrialState
+from parsearch.search.calibration import CalibratedEstimate
+from parsearch.search.candidates import Candidate, point_of, raw_layout
+from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
+from parsearch.search.warm_start import WarmStart, load_warm_start
 from parsearch.space import SearchSpace
 
 DEFAULT_CBO = CBOSettings()
@@ -121,7 +121,7 @@ class GuidedStrategy(Strategy):
     Every layout that divides is a candidate; the ones it proposes are those the calibrated
     memory estimate expects to fit (all of them with ``keep_predicted_oom``, those expected
     to fit first), ranked by the calibrated predicted objective
-    (:class:`~parsearch.campaign.calibration.CalibratedEstimate`), those whose calibrated
+    (:class:`~parsearch.search.calibration.CalibratedEstimate`), those whose calibrated
     steps are expected to exceed the trial timeout last. All of it is recomputed after
     every result, so a layout first predicted out of memory comes in once measured peaks
     show the estimate too pessimistic, and layouts near the wall drop out once they show it
@@ -141,7 +141,7 @@ class GuidedStrategy(Strategy):
     from a dozen points, so it leads; DeepHyper's share explores what the estimate's
     structure cannot express (``benchmarks/search_efficiency.py`` measures both, and the
     settings). ``warm_start`` calibrates before the first trial from another campaign
-    (:mod:`parsearch.campaign.transfer`).
+    (:mod:`parsearch.search.warm_start`).
     """
 
     name = "default"

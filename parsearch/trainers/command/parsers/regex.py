@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from parsearch.trainers.parsers.base import LogScan, Step, leading_number
+from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number
 
 STEP_METRICS = (
     "step_time_s",

@@ -6,7 +6,7 @@ machine departs from the estimate: how much more memory than predicted a rank re
 and which parts of the predicted step time (compute, small GEMMs, tensor-parallel, pipeline,
 data-parallel communication) run slower or faster. Every finished trial of the other
 campaign is re-predicted under *its own* space, so its measured/predicted ratios are
-per-part and per-byte, which is what :mod:`parsearch.campaign.calibration` fits; the new
+per-part and per-byte, which is what :mod:`parsearch.search.calibration` fits; the new
 campaign's first proposals are then ranked and pruned by a calibrated estimate.
 
 DeepHyper's ``fit_surrogate`` is not used: its surrogate maps layouts to the other model's
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from parsearch.campaign.calibration import CalibratedEstimate, step_parts
 from parsearch.errors import ParsearchError
 from parsearch.result import TrialState
+from parsearch.search.calibration import CalibratedEstimate, step_parts
 from parsearch.space import space_from_dict
 from parsearch.store import open_store
 

@@ -2,19 +2,20 @@
 tensor, pipeline and data parallelism, to measure how fast a layout really is.
 
 Entry points
-    ``python -m parsearch.bench --spec trial.json [--out result.json]`` is one rank; the rank's
-    place comes from torchrun-style variables (the node agent's), Open MPI, MPICH/PMI or
-    Slurm. :func:`run_trial` runs a whole trial on this machine through the node agent
-    (:mod:`parsearch.agent`), which forks the ranks from a server that has already imported
-    torch (:mod:`parsearch.bench.prefork`).
+    ``python -m parsearch.trainers.builtin --spec trial.json [--out result.json]`` is one
+    rank; the rank's place comes from torchrun-style variables (the node agent's), Open MPI,
+    MPICH/PMI or Slurm. :func:`run_trial` runs a whole trial on this machine through the node
+    agent (:mod:`parsearch.launch.process`), which forks the ranks from a server that has
+    already imported
+    torch (:mod:`parsearch.launch.prefork`).
 
-Model (:mod:`~parsearch.bench.model`)
+Model (:mod:`~parsearch.trainers.builtin.model`)
     Pre-norm decoder, attention through ``scaled_dot_product_attention`` (causal). ``gpt``:
     learned positions, LayerNorm, biases, GELU, tied embeddings. ``llama``: RMSNorm, no
     biases, SwiGLU, rotary positions, grouped-query attention, untied. Synthetic tokens from
     the seed; the same global batch every step, so the loss falls.
 
-Parallelism (:mod:`~parsearch.bench.parallelize`), on a ``(dp, pp, tp)`` device mesh
+Parallelism (:mod:`~parsearch.trainers.builtin.parallelize`), on a ``(dp, pp, tp)`` device mesh
     * TP: DTensor plans, column-parallel Q/K/V and FFN-in, row-parallel projections out,
       vocabulary-parallel embedding and output with a vocabulary-parallel cross-entropy (the
       logits are never gathered). ``sequence_parallel``: norms and residual stream sharded
@@ -78,14 +79,14 @@ from parsearch.trial import TrialSpec
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path | None = None, prefork: bool = True) -> TrialResult:
-    """Run ``spec`` on this machine (all its ranks, via :func:`parsearch.agent.run_local`).
+    """Run ``spec`` on this machine (all its ranks, via :func:`parsearch.launch.process.run_local`).
 
     ``trial_dir`` keeps the spec, result and per-rank logs; without it they live in a
     temporary directory and only the result (with a log tail on failure) remains. With
     ``prefork`` the ranks are forked from a server that has imported torch already
-    (:mod:`parsearch.bench.prefork`), else started as new programs.
+    (:mod:`parsearch.launch.prefork`), else started as new programs.
     """
-    from parsearch.agent import run_local
+    from parsearch.launch.process import run_local
 
     return run_local(spec, trial_dir, prefork=prefork)
 

@@ -1,0 +1,2 @@
+"""The command trainer: a user's training program started from a template filled with the
+trial's layout, its metrics parsed from the log (see README, "Your own trainer")."""
