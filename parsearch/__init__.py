@@ -8,9 +8,16 @@ from typing import Any
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import ParsearchError
+from parsearch.version import __version__
 
-__all__ = ["AllocationSpec", "ModelSpec", "ParallelLayout", "ParsearchError", "results"]
-__version__ = "0.1.0"
+__all__ = [
+    "AllocationSpec",
+    "ModelSpec",
+    "ParallelLayout",
+    "ParsearchError",
+    "__version__",
+    "results",
+]
 
 
 def __getattr__(name: str) -> Any:

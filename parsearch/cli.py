@@ -11,8 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from parsearch import __version__
 from parsearch.errors import ParsearchError
+from parsearch.version import __version__
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
 COMMAND_MODULES: tuple[str, ...] = (

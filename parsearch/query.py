@@ -19,7 +19,7 @@ from parsearch.store import (
     Campaign,
     CampaignStatus,
     LeaseHolder,
-    SQLiteStore,
+    Store,
     TrialRecord,
     open_store,
 )
@@ -34,7 +34,7 @@ RATE_WINDOW = 20
 @contextlib.contextmanager
 def open_campaign(
     store_path: str | os.PathLike[str], name: str | None = None
-) -> Iterator[tuple[SQLiteStore, Campaign]]:
+) -> Iterator[tuple[Store, Campaign]]:
     """The store (read-only) and the campaign ``name`` (default: the newest one)."""
     with open_store(store_path, readonly=True) as store:
         yield store, store.get_campaign(name)
@@ -93,7 +93,7 @@ class CampaignProgress:
         return self.remaining / self.rate_per_s
 
 
-def campaign_progress(store: SQLiteStore, campaign: Campaign) -> CampaignProgress:
+def campaign_progress(store: Store, campaign: Campaign) -> CampaignProgress:
     """Counts and best from indexed queries; the finishing rate only while a driver runs."""
     rate = None
     if campaign.status is CampaignStatus.RUNNING:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +21,25 @@ from parsearch.store import Campaign, CampaignStatus, SQLiteStore, Store, TrialR
 GIB = 2**30
 
 
-@pytest.fixture(params=["file", "memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> SQLiteStore:
-    path = tmp_path / "store.db" if request.param == "file" else ":memory:"
-    with SQLiteStore(path) as opened:
+# Every implementation of the Store protocol, by name; a new one is added here and the whole
+# contract below runs against it.
+IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {
+    "sqlite-file": lambda tmp_path: SQLiteStore(tmp_path / "store.db"),
+    "sqlite-memory": lambda tmp_path: SQLiteStore(":memory:"),
+}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    opened = IMPLEMENTATIONS[request.param](tmp_path)
+    try:
         yield opened
+    finally:
+        opened.close()
 
 
 @pytest.fixture
-def campaign(store: SQLiteStore) -> Campaign:
+def campaign(store: Store) -> Campaign:
     return store.create_campaign("c1", {"model": {"name": "tiny"}}, seed=3, budget=50)
 
 
@@ -36,7 +48,7 @@ def layout(tp: int = 1, pp: int = 1, dp: int = 8, mbs: int = 1, gas: int = 4) ->
 
 
 def run(
-    store: SQLiteStore,
+    store: Store,
     campaign_id: int,
     trial_layout: ParallelLayout,
     *,
@@ -55,7 +67,7 @@ def run(
 # -- campaigns ----------------------------------------------------------------------------------
 
 
-def test_campaign_round_trips(store: SQLiteStore) -> None:
+def test_campaign_round_trips(store: Store) -> None:
     space = {"model": {"layers": 4}, "ranges": {"tp": [1, 2]}}
     created = store.create_campaign(
         "c1",
@@ -79,12 +91,12 @@ def test_campaign_round_trips(store: SQLiteStore) -> None:
     assert {"parsearch", "python", "sqlite", "store_schema"} <= set(created.versions)
 
 
-def test_duplicate_campaign_name_points_to_resume(store: SQLiteStore, campaign: Campaign) -> None:
+def test_duplicate_campaign_name_points_to_resume(store: Store, campaign: Campaign) -> None:
     with pytest.raises(StoreError, match=r"'c1' already exists.*parsearch resume"):
         store.create_campaign("c1", {})
 
 
-def test_get_campaign_without_a_name_is_the_latest(store: SQLiteStore) -> None:
+def test_get_campaign_without_a_name_is_the_latest(store: Store) -> None:
     with pytest.raises(StoreError, match=r"no campaign yet.*parsearch run"):
         store.get_campaign()
     store.create_campaign("first", {})
@@ -93,12 +105,12 @@ def test_get_campaign_without_a_name_is_the_latest(store: SQLiteStore) -> None:
     assert [c.name for c in store.list_campaigns()] == ["first", "second"]
 
 
-def test_unknown_campaign_lists_the_names(store: SQLiteStore, campaign: Campaign) -> None:
+def test_unknown_campaign_lists_the_names(store: Store, campaign: Campaign) -> None:
     with pytest.raises(StoreError, match=r"no campaign 'nope'.*\['c1'\]"):
         store.get_campaign("nope")
 
 
-def test_update_campaign(store: SQLiteStore, campaign: Campaign) -> None:
+def test_update_campaign(store: Store, campaign: Campaign) -> None:
     done = store.update_campaign(campaign.id, status="finished", finished_at=123.0, budget=80)
     assert (done.status, done.finished_at, done.budget) == (CampaignStatus.FINISHED, 123.0, 80)
     resumed = store.update_campaign(campaign.id, status=CampaignStatus.RUNNING, finished_at=None)
@@ -112,14 +124,14 @@ def test_update_campaign(store: SQLiteStore, campaign: Campaign) -> None:
 # -- trials -------------------------------------------------------------------------------------
 
 
-def test_trials_are_numbered_per_campaign(store: SQLiteStore, campaign: Campaign) -> None:
+def test_trials_are_numbered_per_campaign(store: Store, campaign: Campaign) -> None:
     other = store.create_campaign("c2", {})
     numbers = [store.add_trial(campaign.id, layout(gas=g)).number for g in (1, 2, 4)]
     assert numbers == [0, 1, 2]
     assert store.add_trial(other.id, layout(gas=1)).number == 0
 
 
-def test_a_layout_is_recorded_once_per_campaign(store: SQLiteStore, campaign: Campaign) -> None:
+def test_a_layout_is_recorded_once_per_campaign(store: Store, campaign: Campaign) -> None:
     first = store.add_trial(campaign.id, layout(tp=2, dp=4))
     assert store.has_key(campaign.id, layout(tp=2, dp=4).key())
     assert not store.has_key(campaign.id, layout().key())
@@ -129,12 +141,12 @@ def test_a_layout_is_recorded_once_per_campaign(store: SQLiteStore, campaign: Ca
     assert store.add_trial(other.id, layout(tp=2, dp=4)).key == first.key
 
 
-def test_add_trial_to_a_missing_campaign(store: SQLiteStore) -> None:
+def test_add_trial_to_a_missing_campaign(store: Store) -> None:
     with pytest.raises(StoreError, match="no campaign with id 5"):
         store.add_trial(5, layout())
 
 
-def test_trial_lifecycle(store: SQLiteStore, campaign: Campaign) -> None:
+def test_trial_lifecycle(store: Store, campaign: Campaign) -> None:
     predicted = {"step_time_s": 1.5, "peak_mem_bytes": 10 * GIB}
     trial = store.add_trial(campaign.id, layout(pp=2, dp=4), predicted=predicted, origin="initial")
     assert (trial.state, trial.attempt, trial.origin, trial.predicted) == (
@@ -162,7 +174,7 @@ def test_trial_lifecycle(store: SQLiteStore, campaign: Campaign) -> None:
     assert done.finished_at >= done.started_at >= done.created_at
 
 
-def test_failed_trial(store: SQLiteStore, campaign: Campaign) -> None:
+def test_failed_trial(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout())
     store.mark_running(trial.id, ["node0"], 1)
     oom = TrialResult(TrialState.OOM, {"peak_mem_bytes": 80 * GIB}, error="CUDA out of memory")
@@ -173,7 +185,7 @@ def test_failed_trial(store: SQLiteStore, campaign: Campaign) -> None:
     assert done.peak_mem_bytes == 80 * GIB
 
 
-def test_trial_judged_without_running(store: SQLiteStore, campaign: Campaign) -> None:
+def test_trial_judged_without_running(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout(), state=TrialState.INFEASIBLE, origin="estimate")
     assert trial.state is TrialState.INFEASIBLE and trial.finished_at is not None
     with pytest.raises(StoreError, match="a new trial is queued or already finished"):
@@ -191,7 +203,7 @@ def test_trial_judged_without_running(store: SQLiteStore, campaign: Campaign) ->
     ],
 )
 def test_illegal_moves_are_refused(
-    store: SQLiteStore, campaign: Campaign, before: str, move: str, message: str
+    store: Store, campaign: Campaign, before: str, move: str, message: str
 ) -> None:
     trial = store.add_trial(campaign.id, layout())
     if before != "queued":
@@ -209,18 +221,18 @@ def test_illegal_moves_are_refused(
 
 
 @pytest.mark.parametrize("status", [TrialState.QUEUED, TrialState.RUNNING])
-def test_a_result_is_an_outcome(store: SQLiteStore, campaign: Campaign, status: TrialState) -> None:
+def test_a_result_is_an_outcome(store: Store, campaign: Campaign, status: TrialState) -> None:
     trial = store.add_trial(campaign.id, layout())
     with pytest.raises(StoreError, match=f"cannot finish as '{status.value}'"):
         store.finish_trial(trial.id, TrialResult(status), None)
 
 
-def test_unknown_trial(store: SQLiteStore) -> None:
+def test_unknown_trial(store: Store) -> None:
     with pytest.raises(StoreError, match="no trial with id 42"):
         store.get_trial(42)
 
 
-def test_interrupt_and_requeue(store: SQLiteStore, campaign: Campaign) -> None:
+def test_interrupt_and_requeue(store: Store, campaign: Campaign) -> None:
     running = [store.add_trial(campaign.id, layout(gas=g)) for g in (1, 2)]
     for trial in running:
         store.mark_running(trial.id, ["node0"], 1)
@@ -238,7 +250,7 @@ def test_interrupt_and_requeue(store: SQLiteStore, campaign: Campaign) -> None:
     assert store.mark_interrupted(campaign.id) == 1
 
 
-def test_result_of_a_drained_trial(store: SQLiteStore, campaign: Campaign) -> None:
+def test_result_of_a_drained_trial(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout())
     store.mark_running(trial.id, ["node0"], 1)
     drained = TrialResult(TrialState.INTERRUPTED, {"steps_done": 3}, log_tail="SIGTERM")
@@ -248,9 +260,7 @@ def test_result_of_a_drained_trial(store: SQLiteStore, campaign: Campaign) -> No
     assert (requeued.state, requeued.log_tail, requeued.finished_at) == ("queued", "", None)
 
 
-def test_hosts_of_a_result_replace_those_of_the_dispatch(
-    store: SQLiteStore, campaign: Campaign
-) -> None:
+def test_hosts_of_a_result_replace_those_of_the_dispatch(store: Store, campaign: Campaign) -> None:
     first, second = (store.add_trial(campaign.id, layout(gas=g)) for g in (1, 2))
     for trial in (first, second):
         store.mark_running(trial.id, ["node0"], 1)
@@ -259,7 +269,7 @@ def test_hosts_of_a_result_replace_those_of_the_dispatch(
     assert (kept.hosts, replaced.hosts) == (["node0"], ["n7"])
 
 
-def test_numpy_and_nan_metrics(store: SQLiteStore, campaign: Campaign) -> None:
+def test_numpy_and_nan_metrics(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout())
     metrics = {
         "tokens_per_s": np.float64("nan"),
@@ -272,7 +282,7 @@ def test_numpy_and_nan_metrics(store: SQLiteStore, campaign: Campaign) -> None:
     assert (done.tokens_per_s, done.peak_mem_bytes) == (None, 3.0)
 
 
-def test_unstorable_metrics_are_a_store_error(store: SQLiteStore, campaign: Campaign) -> None:
+def test_unstorable_metrics_are_a_store_error(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout())
     result = TrialResult(TrialState.OK, {"handle": object()})
     with pytest.raises(StoreError, match=f"cannot store the metrics of trial {trial.id}"):
@@ -280,7 +290,7 @@ def test_unstorable_metrics_are_a_store_error(store: SQLiteStore, campaign: Camp
     assert store.get_trial(trial.id).state is TrialState.QUEUED
 
 
-def test_trials_and_counts(store: SQLiteStore, campaign: Campaign) -> None:
+def test_trials_and_counts(store: Store, campaign: Campaign) -> None:
     run(store, campaign.id, layout(gas=1), tokens=5.0)
     run(store, campaign.id, layout(gas=2), state=TrialState.OOM)
     store.add_trial(campaign.id, layout(gas=4))
@@ -294,7 +304,7 @@ def test_trials_and_counts(store: SQLiteStore, campaign: Campaign) -> None:
     assert counts[TrialState.RUNNING] == 0
 
 
-def test_concurrent_threads_share_one_store(store: SQLiteStore, campaign: Campaign) -> None:
+def test_concurrent_threads_share_one_store(store: Store, campaign: Campaign) -> None:
     def add(gas: int) -> None:
         for mbs in range(1, 26):
             store.add_trial(campaign.id, layout(mbs=mbs, gas=gas))
@@ -310,7 +320,7 @@ def test_concurrent_threads_share_one_store(store: SQLiteStore, campaign: Campai
 # -- lease --------------------------------------------------------------------------------------
 
 
-def test_a_second_driver_is_refused(store: SQLiteStore, campaign: Campaign) -> None:
+def test_a_second_driver_is_refused(store: Store, campaign: Campaign) -> None:
     store.acquire_lease(campaign.id, "driver-a", stale_after_s=60)
     store.acquire_lease(campaign.id, "driver-a", stale_after_s=60)  # renewing is fine
     with pytest.raises(
@@ -327,7 +337,7 @@ def test_a_second_driver_is_refused(store: SQLiteStore, campaign: Campaign) -> N
 
 
 def test_a_stale_lease_is_taken_over(
-    store: SQLiteStore, campaign: Campaign, caplog: pytest.LogCaptureFixture
+    store: Store, campaign: Campaign, caplog: pytest.LogCaptureFixture
 ) -> None:
     store.acquire_lease(campaign.id, "dead", stale_after_s=0.05)
     time.sleep(0.1)
@@ -338,7 +348,7 @@ def test_a_stale_lease_is_taken_over(
     store.heartbeat(campaign.id, "alive")
 
 
-def test_heartbeat_without_a_lease(store: SQLiteStore, campaign: Campaign) -> None:
+def test_heartbeat_without_a_lease(store: Store, campaign: Campaign) -> None:
     with pytest.raises(CampaignLockedError, match="nobody holds it"):
         store.heartbeat(campaign.id, "driver-a")
     with pytest.raises(StoreError, match="no campaign with id 9"):
@@ -348,7 +358,7 @@ def test_heartbeat_without_a_lease(store: SQLiteStore, campaign: Campaign) -> No
 # -- queries ------------------------------------------------------------------------------------
 
 
-def test_best_and_top(store: SQLiteStore, campaign: Campaign) -> None:
+def test_best_and_top(store: Store, campaign: Campaign) -> None:
     assert store.best(campaign.id) is None
     fast_big = run(store, campaign.id, layout(gas=1), tokens=300.0, mem=70 * GIB)
     mid = run(store, campaign.id, layout(gas=2), tokens=200.0, mem=30 * GIB)
@@ -365,13 +375,13 @@ def test_best_and_top(store: SQLiteStore, campaign: Campaign) -> None:
     assert len(store.top(campaign.id, 10)) == 4
 
 
-def test_ties_go_to_less_memory(store: SQLiteStore, campaign: Campaign) -> None:
+def test_ties_go_to_less_memory(store: Store, campaign: Campaign) -> None:
     run(store, campaign.id, layout(gas=1), tokens=100.0, mem=50 * GIB)
     lean = run(store, campaign.id, layout(gas=2), tokens=100.0, mem=40 * GIB)
     assert store.best(campaign.id) == lean
 
 
-def test_pareto_front(store: SQLiteStore, campaign: Campaign) -> None:
+def test_pareto_front(store: Store, campaign: Campaign) -> None:
     points = {  # gas: (objective, peak memory GiB)
         1: (100.0, 10),  # front: least memory
         2: (90.0, 20),  # dominated by 1
@@ -391,11 +401,11 @@ def test_pareto_front(store: SQLiteStore, campaign: Campaign) -> None:
     assert [t.id for t in front] == [trials[g].id for g in (1, 3, 4, 7)]
 
 
-def test_pareto_of_nothing(store: SQLiteStore, campaign: Campaign) -> None:
+def test_pareto_of_nothing(store: Store, campaign: Campaign) -> None:
     assert store.pareto(campaign.id) == []
 
 
-def test_dataframe(store: SQLiteStore, campaign: Campaign) -> None:
+def test_dataframe(store: Store, campaign: Campaign) -> None:
     trial = store.add_trial(campaign.id, layout(tp=2, dp=4), predicted={"step_time_s": 2.0})
     store.mark_running(trial.id, ["n0", "n1"], 1)
     metrics = {"tokens_per_s": 10.0, "state": "warm", "loss": {"first": 9.1}, "per_rank": [1, 2]}
@@ -417,15 +427,13 @@ def test_dataframe(store: SQLiteStore, campaign: Campaign) -> None:
     assert frame.iloc[1]["state"] == "queued" and pd.isna(frame.iloc[1]["objective"])
 
 
-def test_dataframe_of_an_empty_campaign(store: SQLiteStore, campaign: Campaign) -> None:
+def test_dataframe_of_an_empty_campaign(store: Store, campaign: Campaign) -> None:
     frame = store.dataframe(campaign.id)
     assert frame.empty and {"tp", "pp", "dp", "objective", "state"} <= set(frame.columns)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_export_round_trip(
-    store: SQLiteStore, campaign: Campaign, tmp_path: Path, suffix: str
-) -> None:
+def test_export_round_trip(store: Store, campaign: Campaign, tmp_path: Path, suffix: str) -> None:
     for gas, tokens in ((1, 5.0), (2, 7.5)):
         run(store, campaign.id, layout(gas=gas), tokens=tokens, mem=gas * GIB)
     run(store, campaign.id, layout(gas=4), state=TrialState.TIMEOUT)
@@ -439,28 +447,40 @@ def test_export_round_trip(
     pd.testing.assert_frame_equal(back, store.dataframe(campaign.id), check_dtype=False)
 
 
-def test_export_refuses_unknown_formats(
-    store: SQLiteStore, campaign: Campaign, tmp_path: Path
-) -> None:
+def test_export_refuses_unknown_formats(store: Store, campaign: Campaign, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"must end in one of \['.csv', '.parquet'\]"):
         store.export(campaign.id, tmp_path / "trials.xlsx")
     with pytest.raises(StoreError, match=r"cannot write .*missing"):
         store.export(campaign.id, tmp_path / "missing" / "trials.csv")
 
 
-def test_open_store_names_the_same_class(tmp_path: Path) -> None:
-    assert Store is SQLiteStore
+def test_open_store_gives_a_store(tmp_path: Path) -> None:
     with open_store(tmp_path / "s.db") as store:
+        assert isinstance(store, Store)
         store.create_campaign("c", {})
     with open_store(tmp_path / "s.db", readonly=True) as reader:
         assert reader.readonly and reader.get_campaign().name == "c"
 
 
 def test_recent_finish_times_are_the_newest_finished_oldest_first(
-    store: SQLiteStore, campaign: Campaign
+    store: Store, campaign: Campaign
 ) -> None:
     finished = [run(store, campaign.id, layout(dp=8, mbs=m), tokens=1.0) for m in range(1, 6)]
     store.add_trial(campaign.id, layout(dp=8, mbs=9))  # queued: not finished
     times = store.recent_finish_times(campaign.id, 3)
     assert times == sorted(t.finished_at for t in finished)[-3:]
     assert store.recent_finish_times(campaign.id, 50) == [t.finished_at for t in finished]
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_implementation_has_the_protocol_signatures(name: str, tmp_path: Path) -> None:
+    """Each implementation's public methods take exactly the protocol's parameters."""
+    store = IMPLEMENTATIONS[name](tmp_path)
+    try:
+        for method in [
+            m for m in vars(Store) if not m.startswith("_") and callable(vars(Store)[m])
+        ]:
+            wanted = list(inspect.signature(getattr(Store, method)).parameters)[1:]
+            assert list(inspect.signature(getattr(store, method)).parameters) == wanted, method
+    finally:
+        store.close()

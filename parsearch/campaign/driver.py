@@ -32,7 +32,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
 from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace
-from parsearch.store import Campaign, SQLiteStore, TrialRecord
+from parsearch.store import Campaign, Store, TrialRecord
 from parsearch.trial import TrialSpec
 
 # How long an idle backend may report no free slot before the driver calls it an error:
@@ -69,7 +69,7 @@ class Driver:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         campaign: Campaign,
         space: SearchSpace,
         backend: Backend,

@@ -16,7 +16,7 @@ import threading
 import uuid
 
 from parsearch.errors import CampaignLockedError, StoreError
-from parsearch.store import SQLiteStore
+from parsearch.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class Lease:
     """Hold a campaign's lease for the duration of a ``with`` block."""
 
     def __init__(
-        self, store: SQLiteStore, campaign_id: int, *, stale_after_s: float = DEFAULT_STALE_AFTER_S
+        self, store: Store, campaign_id: int, *, stale_after_s: float = DEFAULT_STALE_AFTER_S
     ):
         if stale_after_s <= 0:
             raise StoreError(f"the lease timeout must be > 0 s, got {stale_after_s:g}")

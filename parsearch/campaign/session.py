@@ -25,7 +25,7 @@ from parsearch.errors import ParsearchError, StoreError
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
-from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
 
 DEFAULT_BUDGET = 50
 
@@ -198,7 +198,7 @@ def stored_backend(store_path: str | Path, name: str | None) -> str | None:
 
 
 def _continue(
-    store: SQLiteStore,
+    store: Store,
     campaign: Campaign,
     budget: int | None,
     overrides: dict[str, Any],
@@ -253,7 +253,7 @@ class _Parts:
 
 
 def _session(
-    store: SQLiteStore,
+    store: Store,
     campaign: Campaign,
     space: SearchSpace,
     settings: CampaignSettings,
@@ -327,7 +327,7 @@ def _session(
         )
 
 
-def _reopen(store: SQLiteStore, campaign: Campaign) -> list[TrialRecord]:
+def _reopen(store: Store, campaign: Campaign) -> list[TrialRecord]:
     """The campaign's trials, with whatever an earlier session left unfinished re-queued."""
     store.mark_interrupted(campaign.id)
     for record in store.trials(campaign.id, states=[TrialState.INTERRUPTED]):

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 
+from parsearch.store.protocol import Store
 from parsearch.store.records import Campaign, CampaignStatus, LeaseHolder, TrialRecord
 from parsearch.store.schema import SCHEMA_VERSION
 from parsearch.store.sqlite import SQLiteStore
 
-Store = SQLiteStore
 
-
-def open_store(path: str | os.PathLike[str], readonly: bool = False) -> SQLiteStore:
+def open_store(path: str | os.PathLike[str], readonly: bool = False) -> Store:
     """Open (read-write: create or upgrade) the store at ``path``; ``":memory:"`` for tests."""
     return SQLiteStore(path, readonly=readonly)
 

@@ -21,7 +21,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import parsearch
 from parsearch.config import ParallelLayout
 from parsearch.errors import CampaignLockedError, StoreError
 from parsearch.result import TrialResult, TrialState
@@ -38,6 +37,7 @@ from parsearch.store.records import (
     to_json,
     trials_from_rows,
 )
+from parsearch.version import __version__
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,7 +68,7 @@ def _finite(value: Any) -> float | None:
 def _software_versions() -> dict[str, str]:
     """What produced a campaign's numbers; read from package metadata, importing nothing."""
     versions = {
-        "parsearch": parsearch.__version__,
+        "parsearch": __version__,
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "store_schema": str(schema.SCHEMA_VERSION),
