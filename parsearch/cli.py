@@ -11,23 +11,17 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from parsearch.commands import COMMANDS
 from parsearch.errors import ParsearchError
 from parsearch.version import __version__
 
-# Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = (
-    "plan",
-    "run",
-    "resume",
-    "status",
-    "best",
-    "top",
-    "export",
-    "report",
-)
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full sub-parser of ``command`` only (``None``: all of them).
 
-def build_parser() -> argparse.ArgumentParser:
+    The other sub-commands get their name and help alone, so that ``parsearch --help`` and
+    every run import one command module, not eight and their dependencies.
+    """
     parser = argparse.ArgumentParser(
         prog="parsearch",
         description="Search the fastest parallel layout (TP x PP x DP x micro-batch) for "
@@ -35,13 +29,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"parsearch {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"parsearch.commands.{name}").register(subparsers)
+    for name, help_text in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"parsearch.commands.{name}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text)
     return parser
 
 
+def _command_of(argv: Sequence[str]) -> str:
+    """The sub-command ``argv`` names (its first word that is not an option), or ``""``."""
+    first = next((word for word in argv if not word.startswith("-")), "")
+    return first if first in COMMANDS else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -11,9 +11,11 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S
+from parsearch.errors import StoreError
 from parsearch.result import TrialState
 from parsearch.store import (
     Campaign,
@@ -110,3 +112,15 @@ def campaign_progress(store: Store, campaign: Campaign) -> CampaignProgress:
         driver=store.lease_holder(campaign.id),
         read_at=time.time(),
     )
+
+
+def stored_backend(store_path: str | Path, name: str | None) -> str | None:
+    """A campaign's backend, read without writing: under ``mpiexec``/``srun`` every rank
+    runs the command, and the workers must be diverted before anyone opens the store to
+    write. ``None`` when the store cannot be read (or lacks the campaign); the command
+    then reports why."""
+    try:
+        with open_store(store_path, readonly=True) as store:
+            return store.get_campaign(name).backend
+    except StoreError:
+        return None

@@ -28,12 +28,14 @@ import importlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from parsearch.errors import BackendError
 from parsearch.result import TrialResult
-from parsearch.space import SearchSpace
 from parsearch.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from parsearch.space import SearchSpace
 
 BACKENDS: dict[str, str] = {
     "local": "parsearch.backends.local",

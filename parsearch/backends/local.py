@@ -29,16 +29,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.errors import BackendError
 from parsearch.launch.guard import guarded
 from parsearch.launch.process import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.result import TrialResult, TrialState
-from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from parsearch.space import SearchSpace
 
 OPTIONS = ("workdir", "grace")
 POLL_INTERVAL_S = 0.05

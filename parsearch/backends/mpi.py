@@ -74,7 +74,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.mpi_worker import (
@@ -100,9 +100,11 @@ from parsearch.backends.mpi_worker import (
 from parsearch.errors import BackendError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.result import TrialResult, TrialState
-from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results
 from parsearch.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from parsearch.space import SearchSpace
 
 OPTIONS = ("workdir", "grace", "driver_worker", "heartbeat", "lost_after", "driver_timeout")
 HELLO_TIMEOUT_S = 60.0

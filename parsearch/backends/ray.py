@@ -35,16 +35,18 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.errors import BackendError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.launch.process import uses_gpu
 from parsearch.result import TrialResult, TrialState
-from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results
 from parsearch.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from parsearch.space import SearchSpace
 
 OPTIONS = ("address", "num_cpus", "workdir", "grace", "start_timeout")
 WAIT_S = 0.5  # an actor answers a wait at least this often, so a cancel is never held long

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.backends import Backend, create_backend
+from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
 from parsearch.campaign.progress import Progress, format_duration
@@ -26,8 +27,6 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
-
-DEFAULT_BUDGET = 50
 
 
 @dataclass(frozen=True)
@@ -183,18 +182,6 @@ def resume_campaign(
     with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
         return _continue(store, campaign, budget, overrides or {}, progress, stop)
-
-
-def stored_backend(store_path: str | Path, name: str | None) -> str | None:
-    """A campaign's backend, read without writing: under ``mpiexec``/``srun`` every rank
-    runs the command, and the workers must be diverted before anyone opens the store to
-    write. ``None`` when the store cannot be read (or lacks the campaign); the command
-    then reports why."""
-    try:
-        with open_store(store_path, readonly=True) as store:
-            return store.get_campaign(name).backend
-    except StoreError:
-        return None
 
 
 def _continue(

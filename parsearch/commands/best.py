@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size
 from parsearch.commands._formats import FORMATS, format_layout
 from parsearch.errors import ParsearchError
@@ -18,7 +19,7 @@ class NoResultError(ParsearchError):
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "best",
-        help="the best layout of a campaign so far",
+        help=COMMANDS["best"],
         description="Print the successful trial with the best objective (optionally within "
         "a peak-memory cap). Safe while the campaign runs.",
     )

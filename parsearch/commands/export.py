@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
 from parsearch.query import open_campaign
 
@@ -11,7 +12,7 @@ from parsearch.query import open_campaign
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="write a campaign's trials to CSV or Parquet",
+        help=COMMANDS["export"],
         description="One row per trial: layout, state, timings, measured metrics and the "
         "estimate's predictions (predicted.*). Safe while the campaign runs.",
     )

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from parsearch.commands import COMMANDS
 from parsearch.space import SpacePlan, load_space
 from parsearch.units import format_bytes
 
@@ -15,7 +16,7 @@ from parsearch.units import format_bytes
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="count and rank the layouts of a space by the analytic estimate",
+        help=COMMANDS["plan"],
         description="Enumerate a search space: how many layouts do not divide, are predicted "
         "to run out of memory, or can run; and the best runnable ones by predicted objective.",
     )

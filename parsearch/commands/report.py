@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from parsearch.commands import COMMANDS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report",
-        help="write PNG figures and an HTML page (index.html) for a campaign",
+        help=COMMANDS["report"],
         description="Draw a campaign's convergence, TP x PP heat map, throughput vs memory "
         "with the Pareto front, and predicted vs measured figures, and write them with the "
         "top trials into DIR/index.html. Opens the store read-only, so it can run while the "

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from parsearch.backends import serve_if_worker
-from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import resume_campaign, stored_backend
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import (
     add_session_arguments,
     add_store_arguments,
@@ -18,7 +17,7 @@ from parsearch.commands._arguments import (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "resume",
-        help="continue a campaign after a kill, a signal or the end of an allocation",
+        help=COMMANDS["resume"],
         description="Continue a campaign: finished trials are kept and told to the optimiser "
         "again, interrupted ones run first, and the campaign stops at its budget. Settings "
         "not given here keep the values the campaign was started with.",
@@ -30,9 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from parsearch.query import stored_backend
+
     backend = args.backend or stored_backend(args.store, args.name)
     if backend is not None and serve_if_worker(backend):
         return 0
+    # Imported after the diversion: an MPI worker rank never loads the search and its numpy.
+    from parsearch.campaign.progress import Progress
+    from parsearch.campaign.session import resume_campaign
+
     summary = resume_campaign(
         args.store,
         name=args.name,

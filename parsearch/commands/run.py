@@ -6,22 +6,16 @@ import argparse
 from pathlib import Path
 
 from parsearch.backends import serve_if_worker
-from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import (
-    DEFAULT_BUDGET,
-    CampaignSettings,
-    start_campaign,
-    stored_backend,
-)
+from parsearch.campaign import DEFAULT_BUDGET
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_session_arguments, positive_int, session_overrides
-from parsearch.search.strategy import STRATEGIES
-from parsearch.space import load_space
+from parsearch.search import STRATEGY_NAMES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="search a space: run trials chosen by Bayesian optimisation, record them",
+        help=COMMANDS["run"],
         description="Start a campaign: the analytic estimate, calibrated by every result, and "
         "DeepHyper's CBO propose layouts the space's rules and memory allow; each runs as a "
         "short real "
@@ -39,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--strategy",
-        choices=list(STRATEGIES),
+        choices=list(STRATEGY_NAMES),
         default="default",
         help="default: the estimate, calibrated online from each result, ranks what "
         "divides and fits, with a share of DeepHyper CBO proposals; cbo-raw: plain CBO over "
@@ -73,11 +67,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from parsearch.query import stored_backend
+    from parsearch.space import load_space
+
     backend = args.backend
     if backend is None and args.resume:  # resume under mpiexec/srun: the stored backend
         backend = stored_backend(args.store, args.name or load_space(args.space).name)
     if serve_if_worker(backend or "local"):  # before anything rank 0 alone may fail at
         return 0
+    # Imported after the diversion: an MPI worker rank never loads the search and its numpy.
+    from parsearch.campaign.progress import Progress
+    from parsearch.campaign.session import CampaignSettings, start_campaign
+
     given = session_overrides(args)
     settings = CampaignSettings(
         strategy=args.strategy,

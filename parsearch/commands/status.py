@@ -7,6 +7,7 @@ import json
 from datetime import datetime
 
 from parsearch.campaign.progress import describe_best, format_duration
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign
 
@@ -14,7 +15,7 @@ from parsearch.query import CampaignProgress, campaign_progress, open_campaign
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
-        help="progress of a campaign: trials by state, best so far, ETA",
+        help=COMMANDS["status"],
         description="Show a campaign's progress from its store (opened read-only, so it is "
         "safe while the campaign runs, from any host that sees the file).",
     )

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size, positive_int
 from parsearch.commands._formats import trial_document
 from parsearch.query import open_campaign
@@ -18,7 +19,7 @@ from parsearch.units import format_bytes
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "top",
-        help="the k best layouts of a campaign so far",
+        help=COMMANDS["top"],
         description="Rank a campaign's successful trials by objective, with the estimate's "
         "prediction beside each measurement. Safe while the campaign runs.",
     )
