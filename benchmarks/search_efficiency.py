@@ -52,6 +52,7 @@ from parsearch.backends.simulate import SimulateBackend, SimulateSettings, simul
 from parsearch.campaign.driver import Driver, DriverSettings
 from parsearch.campaign.lease import Lease
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.optimizer import CBOSettings
@@ -309,7 +310,7 @@ def build_strategy(
         return entry.build(space, seed)
     if entry == "grid":
         return PersonGrid(space, seed=seed)
-    warm_start = None if warm_store is None else str(warm_store)
+    warm_start = None if warm_store is None else load_warm_start(warm_store)
     return make_strategy(entry, space, seed=seed, warm_start=warm_start)
 
 

@@ -7,9 +7,10 @@ import pytest
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.cli import main
+from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.strategy import StrategyError, make_strategy
-from parsearch.search.warm_start import WarmStartError, load_warm_start
+from parsearch.search.warm_start import WarmStartError
 from parsearch.space import load_space
 from parsearch.store import open_store
 
@@ -31,7 +32,7 @@ def source(tmp_path_factory):
 def test_warm_start_calibrates_before_the_first_trial(source):
     space = load_space(GPT1T)
     cold = make_strategy("default", space, seed=0)
-    warm = make_strategy("default", space, seed=0, warm_start=str(source))
+    warm = make_strategy("default", space, seed=0, warm_start=load_warm_start(source))
     try:
         assert cold.estimate.memory.fit.slope == 1.0
         fit = warm.estimate.memory.fit
@@ -109,4 +110,4 @@ def test_unknown_campaign_and_empty_campaign(source, tmp_path):
 
 def test_warm_start_needs_the_default_strategy(source):
     with pytest.raises(StrategyError, match="default strategy"):
-        make_strategy("random", load_space(GPT1T), seed=0, warm_start=str(source))
+        make_strategy("random", load_space(GPT1T), seed=0, warm_start=load_warm_start(source))

@@ -23,6 +23,7 @@ from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.errors import ParsearchError, StoreError
+from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
@@ -217,8 +218,9 @@ class _Parts:
             space,
             seed=seed,
             keep_predicted_oom=settings.keep_predicted_oom,
-            warm_start=settings.warm_start,
-            warm_start_name=settings.warm_start_name,
+            warm_start=None
+            if settings.warm_start is None
+            else load_warm_start(settings.warm_start, settings.warm_start_name),
         )
         try:
             backend = create_backend(

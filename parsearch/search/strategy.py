@@ -30,7 +30,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
-from parsearch.search.warm_start import WarmStart, load_warm_start
+from parsearch.search.warm_start import WarmStart
 from parsearch.space import SearchSpace
 
 DEFAULT_CBO = CBOSettings()
@@ -386,19 +386,17 @@ def make_strategy(
     *,
     seed: int,
     keep_predicted_oom: bool = False,
-    warm_start: str | None = None,
-    warm_start_name: str | None = None,
+    warm_start: WarmStart | None = None,
 ) -> Strategy:
     """The strategy called ``name`` for ``space``; ``keep_predicted_oom`` and ``warm_start``
-    (a store whose campaign ``warm_start_name``, default the newest, calibrates the
-    estimate) apply to ``default`` only."""
+    (another campaign's measurements, see :func:`parsearch.query.load_warm_start`, which
+    calibrate the estimate) apply to ``default`` only."""
     if name not in STRATEGIES:
         raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
     if name != GuidedStrategy.name:
         if warm_start is not None:
             raise StrategyError(f"--warm-start needs the default strategy, not {name!r}")
         return STRATEGIES[name](space, seed=seed)
-    transfer = None if warm_start is None else load_warm_start(warm_start, warm_start_name)
     return GuidedStrategy(
-        space, seed=seed, keep_predicted_oom=keep_predicted_oom, warm_start=transfer
+        space, seed=seed, keep_predicted_oom=keep_predicted_oom, warm_start=warm_start
     )

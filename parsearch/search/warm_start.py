@@ -18,8 +18,9 @@ the new one in all, so the new campaign's own trials take over after a few.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from parsearch.errors import ParsearchError
 from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate, step_parts
 from parsearch.space import space_from_dict
-from parsearch.store import open_store
+
+if TYPE_CHECKING:
+    from parsearch.store import Campaign, TrialRecord
 
 TRANSFERRED_WEIGHT = 3.0
 
@@ -61,19 +64,14 @@ class WarmStart:
                 estimate.step.add(parts, measured, weight)
 
 
-def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
-    """The campaign ``name`` (default: the newest) of the store at ``path``."""
-    path = Path(path)
-    if not path.is_file():
-        raise WarmStartError(f"--warm-start: no store at {path}")
+def warm_start_from(campaign: Campaign, trials: Sequence[TrialRecord], where: str) -> WarmStart:
+    """What ``campaign``'s ok and out-of-memory ``trials`` (read from the store at ``where``
+    by :func:`parsearch.query.load_warm_start`) teach about the estimate."""
+    source = f"campaign '{campaign.name}' in {where}"
     try:
-        with open_store(path, readonly=True) as store:
-            campaign = store.get_campaign(name)
-            trials = store.trials(campaign.id, states=[TrialState.OK, TrialState.OOM])
-        space = space_from_dict(campaign.space, source=f"campaign '{campaign.name}' in {path}")
+        space = space_from_dict(campaign.space, source=source)
     except ParsearchError as error:
-        raise WarmStartError(f"--warm-start {path}: {error}") from None
-    source = f"campaign '{campaign.name}' in {path}"
+        raise WarmStartError(f"--warm-start {where}: {error}") from None
     metric = campaign.objective_metric
     peaks, ooms, steps = [], [], []
     for trial in trials:

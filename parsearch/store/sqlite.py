@@ -21,10 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import parsearch.store.schema as schema
 from parsearch.config import ParallelLayout
 from parsearch.errors import CampaignLockedError, StoreError
 from parsearch.result import TrialResult, TrialState
-from parsearch.store import schema
 from parsearch.store.connection import Database
 from parsearch.store.records import (
     CAMPAIGN_COLUMNS,
