@@ -100,7 +100,7 @@ from parsearch.backends.mpi_worker import (
 from parsearch.errors import BackendError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import merge_results
+from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class MPIBackend:
         self._local: NodeSlot | None = None
         if self._driver_works():
             self._nodes[0] = _Node(0, socket.gethostname(), os.getpid(), math.inf)
-            self._local = NodeSlot(settings.workdir, settings.grace_s)
+            self._local = NodeSlot(settings.workdir, settings.grace_s, node_run=node_run)
         self._nodes_per_trial = space.allocation.nodes
         if len(self._nodes) < self._nodes_per_trial:
             raise BackendError(

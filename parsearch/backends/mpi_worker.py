@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.launch.node import NodeSlot
+from parsearch.trainers import node_run
 
 TAG = 0x7073
 BEAT_TAG = 0x7074
@@ -209,7 +210,7 @@ class _Worker:
         if kind == WELCOME:
             self.settings = payload
             workdir = Path(payload.workdir) if payload.workdir else None
-            self.slot = NodeSlot(workdir, payload.grace_s)
+            self.slot = NodeSlot(workdir, payload.grace_s, node_run=node_run)
         elif kind == RUN and self.slot is not None:
             self.box.send(0, STARTED, self.slot.start(payload))
         elif kind == CANCEL:

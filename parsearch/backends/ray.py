@@ -42,7 +42,7 @@ from parsearch.errors import BackendError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.launch.process import uses_gpu
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import merge_results
+from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
@@ -66,7 +66,9 @@ class NodeActor:
         else:
             os.environ["OMP_NUM_THREADS"] = omp_threads
         address = ray.util.get_node_ip_address()
-        self.slot = NodeSlot(Path(workdir) if workdir else None, grace_s, address)
+        self.slot = NodeSlot(
+            Path(workdir) if workdir else None, grace_s, address, node_run=node_run
+        )
 
     def start(self, order: NodeOrder) -> NodeStarted:
         return self.slot.start(order)

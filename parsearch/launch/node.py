@@ -20,6 +20,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,10 @@ from typing import Any
 from parsearch.launch.guard import guarded
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import node_run
 from parsearch.trial import TrialSpec
+
+# Plans one node's run of a trial for its trainer kind: parsearch.trainers.node_run's shape.
+NodeRunFactory = Callable[..., NodeRun]
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,19 @@ class NodeSlot:
 
     ``workdir``: trial directories go to ``workdir/<trial id>/``; ``None``: a temporary
     directory, removed by :meth:`close`. ``addr``: how the other nodes reach this one
-    (default: the host name).
+    (default: the host name). ``node_run`` plans a node's run for the trial's trainer kind
+    (the backend passes :func:`parsearch.trainers.node_run`: launching knows no trainer).
     """
 
-    def __init__(self, workdir: Path | None, grace_s: float = 3.0, addr: str | None = None):
+    def __init__(
+        self,
+        workdir: Path | None,
+        grace_s: float = 3.0,
+        addr: str | None = None,
+        *,
+        node_run: NodeRunFactory,
+    ):
+        self._node_run = node_run
         self.host = socket.gethostname()
         self.addr = addr or self.host
         self.grace_s = grace_s
@@ -101,7 +113,9 @@ class NodeSlot:
         port = order.port or free_port()
         trial_dir = self.workdir / spec.trial_id
         run = guarded(
-            node_run(spec, order.node, order.nnodes, addr, port, trial_dir, grace_s=self.grace_s)
+            self._node_run(
+                spec, order.node, order.nnodes, addr, port, trial_dir, grace_s=self.grace_s
+            )
         )
         self._run, self._failed = run, None
         error = None

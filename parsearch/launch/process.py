@@ -37,18 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from parsearch.launch.oom import looks_like_oom
 from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
     from parsearch.launch.prefork import ForkedRank
 
-OOM_MARKERS = (
-    "out of memory",
-    "outofmemoryerror",
-    "hiperroroutofmemory",
-    "can't allocate memory",
-)
 # What a rank prints when a *peer* died: it failed as a consequence, not as the cause.
 COLLATERAL_MARKERS = (
     "connection reset by peer",
@@ -111,11 +106,6 @@ def read_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LIN
 def _collateral(text: str) -> bool:
     lowered = text.lower()
     return any(marker in lowered for marker in COLLATERAL_MARKERS)
-
-
-def looks_like_oom(text: str) -> bool:
-    lowered = text.lower()
-    return any(marker in lowered for marker in OOM_MARKERS)
 
 
 def default_command(trial_dir: Path) -> list[str]:

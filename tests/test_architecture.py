@@ -1,0 +1,210 @@
+"""The package's import rules (README, "Layout"), read from every module's source with ``ast``:
+lazy imports inside functions count as much as those at the top."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import sysconfig
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "parsearch"
+STDLIB = frozenset(sys.stdlib_module_names)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name."""
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name an ``ImportFrom`` imports from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    is_package = modules()[module].name == "__init__.py"
+    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """Every module ``module`` imports, anywhere in its body (``TYPE_CHECKING`` blocks aside:
+    they never run). ``from a import b`` counts as importing ``a.b`` when that is a module."""
+    tree = ast.parse(modules()[module].read_text())
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            found.add(source)
+            found.update(
+                f"{source}.{alias.name}"
+                for alias in node.names
+                if f"{source}.{alias.name}" in modules()
+            )
+    return frozenset(found)
+
+
+def internal(module: str) -> set[str]:
+    return {name for name in imports(module) if name.split(".")[0] == "parsearch"}
+
+
+def external(module: str) -> set[str]:
+    """Top-level names of the third-party packages ``module`` imports."""
+    tops = {name.split(".")[0] for name in imports(module)}
+    return {top for top in tops if top != "parsearch" and top not in STDLIB}
+
+
+def within(name: str, *packages: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def members(package: str) -> list[str]:
+    return [name for name in modules() if within(name, package)]
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{module} imports {name}"
+        for module in members(package)
+        for name in internal(module)
+        if within(name, *forbidden)
+    )
+
+
+def test_every_module_is_read() -> None:
+    assert {"parsearch.cli", "parsearch.store.sqlite", "parsearch.launch.process"} <= set(modules())
+    assert "parsearch.errors" in imports("parsearch.config")
+    assert "parsearch.campaign.session" in imports("parsearch.commands.run")  # a lazy import
+
+
+def test_trainers_do_not_import_backends_the_loop_or_the_store() -> None:
+    forbidden = ("parsearch.backends", "parsearch.campaign", "parsearch.store", "parsearch.cli")
+    assert violations("parsearch.trainers", forbidden) == []
+
+
+# Still to invert: the fork server runs the built-in trainer's rank entry point itself.
+LAUNCH_EXCEPTIONS = {"parsearch.launch.prefork imports parsearch.trainers.builtin.__main__"}
+
+
+def test_launch_knows_no_trainer_backend_loop_or_store() -> None:
+    forbidden = (
+        "parsearch.trainers",
+        "parsearch.backends",
+        "parsearch.campaign",
+        "parsearch.search",
+        "parsearch.store",
+    )
+    found = violations("parsearch.launch", forbidden)
+    assert set(found) - LAUNCH_EXCEPTIONS == set()
+    assert LAUNCH_EXCEPTIONS <= set(found), "an exception no longer needed: remove it"
+
+
+def test_search_does_not_import_the_loop_backends_or_store() -> None:
+    forbidden = ("parsearch.campaign", "parsearch.backends", "parsearch.store")
+    assert violations("parsearch.search", forbidden) == []
+
+
+def test_store_imports_only_config_errors_result_and_pandas() -> None:
+    allowed = (
+        "parsearch.store",
+        "parsearch.config",
+        "parsearch.errors",
+        "parsearch.result",
+        "parsearch.version",
+    )
+    for module in members("parsearch.store"):
+        assert {n for n in internal(module) if not within(n, *allowed)} == set(), module
+        assert external(module) <= {"pandas", "numpy", "pyarrow"}, module
+
+
+def test_estimate_is_pure() -> None:
+    for module in members("parsearch.estimate"):
+        assert {
+            n for n in internal(module) if not within(n, "parsearch.estimate", "parsearch.config")
+        } == set(), module
+        assert external(module) == set(), module
+
+
+def test_nothing_imports_the_command_line() -> None:
+    entry = {"parsearch.cli", "parsearch.__main__"}
+    users = sorted(
+        f"{module} imports {name}"
+        for module in modules()
+        if module not in entry and not within(module, "parsearch.commands")
+        for name in internal(module)
+        if within(name, "parsearch.cli", "parsearch.commands")
+    )
+    assert users == []
+
+
+def _cycle() -> list[str] | None:
+    """One import cycle among the package's modules, or ``None``."""
+    graph = {m: sorted(n for n in internal(m) if n in modules() and n != m) for m in modules()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in graph:
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_import_cycle_lazy_ones_included() -> None:
+    assert _cycle() is None, " -> ".join(_cycle() or [])
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = internal
+    extra = {"parsearch.errors": {"parsearch.config"}}
+    monkeypatch.setitem(
+        globals(), "internal", lambda m: real(m) | extra.get(m, set())
+    )  # config imports errors; make errors import config
+    assert _cycle() is not None
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["import parsearch", "import parsearch.cli", "import parsearch.trainers"],
+)
+def test_light_imports_load_no_heavy_package(statement: str) -> None:
+    heavy = ["torch", "mpi4py", "ray", "numpy", "pandas", "deephyper"]
+    code = f"{statement}; import sys; print(sorted(set({heavy!r}) & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_stdlib_names_are_known() -> None:
+    assert "sqlite3" in STDLIB and "pandas" not in STDLIB
+    assert sysconfig.get_paths()["stdlib"]
