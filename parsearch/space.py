@@ -84,20 +84,6 @@ _ESTIMATE_KEYS = (
     "collective_latency_s",
     "framework",
 )
-TRAINER_KINDS = ("builtin", "command")
-_BUILTIN_TRAINER_KEYS = (
-    "kind",
-    "steps",
-    "warmup_steps",
-    "timeout",
-    "schedule",
-    "precision",
-    "device",
-    "enforce_memory_cap",
-    "lr",
-    "weight_decay",
-)
-SCHEDULES = ("1f1b", "gpipe")
 
 
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
@@ -540,36 +526,12 @@ class _Reader:
     def trainer(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.error("trainer", f"must be a mapping, got {type(value).__name__}")
+        from parsearch.trainers import TRAINER_KINDS
+
         kind = value.get("kind", "builtin")
         if kind not in TRAINER_KINDS:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
-        if kind == "command":
-            from parsearch.trainers.command.trainer import validate_section
-
-            return validate_section(value, self.source)
-        data = dict(self.mapping(value, "trainer", _BUILTIN_TRAINER_KEYS))
-        data["kind"] = kind
-        if "steps" in data:
-            self.positive_int(data["steps"], "trainer.steps")
-        warmup = data.get("warmup_steps", 0)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise self.error("trainer.warmup_steps", f"must be an integer >= 0, got {warmup!r}")
-        if "timeout" in data:
-            data["timeout"] = self.positive_number(data["timeout"], "trainer.timeout")
-        if data.get("schedule", "1f1b") not in SCHEDULES:
-            raise self.error(
-                "trainer.schedule", f"must be one of {list(SCHEDULES)}, got {data['schedule']!r}"
-            )
-        if data.get("precision", "auto") not in ("auto", "bf16", "fp32"):
-            raise self.error("trainer.precision", "must be 'auto', 'bf16' or 'fp32'")
-        if data.get("device", "auto") not in ("auto", "cpu", "cuda"):
-            raise self.error("trainer.device", "must be 'auto', 'cpu' or 'cuda'")
-        if "enforce_memory_cap" in data and not isinstance(data["enforce_memory_cap"], bool):
-            raise self.error("trainer.enforce_memory_cap", "must be true or false")
-        for key in ("lr", "weight_decay"):
-            if key in data:
-                data[key] = self.positive_number(data[key], f"trainer.{key}")
-        return data
+        return TRAINER_KINDS[kind].validate(value, self.source)
 
     def estimate(self, value: Any, *, trainer_kind: str) -> EstimateSettings:
         """The estimate's settings; its memory accounting follows the trainer unless set:

@@ -1,12 +1,9 @@
-"""Trainers other than the built-in benchmark: the command trainer and its log parsers.
-
-:mod:`parsearch.trainers.command.trainer` runs a user's training program from a template filled with
-the trial's layout; :mod:`parsearch.trainers.command.parsers` reads Megatron-LM, Megatron-DeepSpeed,
-torchtitan, JSON or user-patterned logs; :mod:`parsearch.launch.oom` recognises
-out-of-memory failures. Importing this package starts nothing and imports no torch.
-
-Backends pick the node run by the trial's trainer with :func:`node_run` and combine a
-multi-node trial's results with :func:`merge_results`, so they need not know the kinds.
+"""Trainer kinds, found by ``trainer.kind`` through one registry (:data:`TRAINER_KINDS`):
+the built-in trainer (:mod:`.builtin`) and the command trainer (:mod:`.command`), each
+implementing :class:`~parsearch.trainers.base.TrainerKind`. The space validates a trainer
+section with its kind; backends plan a node's run with :func:`node_run` and combine a
+multi-node trial's results with :func:`merge_results`, so none of them knows the kinds.
+Importing this package starts nothing and imports no torch.
 """
 
 from __future__ import annotations
@@ -15,8 +12,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from parsearch.launch.process import NodeRun
-from parsearch.result import TrialResult, TrialState
+from parsearch.result import TrialResult
+from parsearch.trainers.base import TrainerKind
+from parsearch.trainers.builtin.kind import BuiltinKind
+from parsearch.trainers.command.kind import CommandKind
 from parsearch.trial import TrialSpec
+
+TRAINER_KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BuiltinKind(), CommandKind())}
+
+
+def kind_of(spec: TrialSpec) -> TrainerKind:
+    """The trainer kind of a trial (``builtin`` unless its section says otherwise)."""
+    return TRAINER_KINDS[spec.trainer.get("kind", "builtin")]
 
 
 def node_run(
@@ -31,31 +38,11 @@ def node_run(
     grace_s: float = 3.0,
 ) -> NodeRun:
     """A not-yet-started run of one node of ``spec``, for its trainer kind."""
-    if spec.trainer.get("kind") == "command":
-        from parsearch.trainers.command.trainer import CommandNodeRun
-
-        return CommandNodeRun(
-            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s
-        )
-    return NodeRun(
-        spec,
-        node_rank,
-        nnodes,
-        master_addr,
-        master_port,
-        trial_dir,
-        env=dict(env or {}),
-        grace_s=grace_s,
+    return kind_of(spec).node_run(
+        spec, node_rank, nnodes, master_addr, master_port, trial_dir, env=env, grace_s=grace_s
     )
 
 
 def merge_results(spec: TrialSpec, results: Sequence[TrialResult]) -> TrialResult:
-    """One trial's result from its nodes' (index = node rank): a failure if any node failed,
-    else node 0's for the built-in trainer, or the last node with metrics for a command
-    (Megatron prints from the last rank, which lives on the last node)."""
-    if spec.trainer.get("kind") == "command":
-        from parsearch.trainers.command.trainer import merge_node_results
-
-        return merge_node_results(results)
-    failed = [r for r in results if not r.ok and r.status is not TrialState.INTERRUPTED]
-    return failed[0] if failed else results[0]
+    """One trial's result from its nodes' (index = node rank), as its trainer kind sees it."""
+    return kind_of(spec).merge(results)

@@ -37,8 +37,7 @@ from torch.distributed.tensor.parallel import (
 from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.errors import TrainerError
 from parsearch.trainers.builtin.model import Transformer, loss_fn
-
-SCHEDULES = ("1f1b", "gpipe")
+from parsearch.trainers.builtin.settings import SCHEDULES
 
 
 def stage_ids(layout: ParallelLayout, pp_rank: int) -> list[int]:

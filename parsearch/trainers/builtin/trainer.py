@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +32,6 @@ from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trainers.builtin.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
 from parsearch.trainers.builtin.model import Transformer, materialize
 from parsearch.trainers.builtin.parallelize import (
-    SCHEDULES,
     align_gradients,
     allreduce_gradients,
     apply_ddp,
@@ -49,61 +47,8 @@ from parsearch.trainers.builtin.parallelize import (
     sum_tied_embedding_grads,
     tied_embedding_group,
 )
+from parsearch.trainers.builtin.settings import TrainerSettings
 from parsearch.trial import TrialSpec
-
-
-@dataclass(frozen=True)
-class TrainerSettings:
-    """The built-in trainer's options (the ``trainer:`` section of a search space).
-
-    ``device``/``precision`` default to ``auto``: CUDA with bf16 autocast and NCCL when a GPU
-    is visible, else CPU with fp32 and gloo. ``memory_cap_bytes`` turns a measured peak above
-    it into an ``oom`` result (the memory wall of a CPU rehearsal); ``enforce_memory_cap``
-    uses ``allocation.device_memory_bytes`` as the cap. On CPU the memory of the last
-    warm-up step is traced (the first measured step if ``warmup_steps`` is 0, whose time then
-    includes the tracer's overhead; under pipelining never the very first step). ``kind``
-    and ``timeout`` belong to the driver.
-    """
-
-    steps: int = 5
-    warmup_steps: int = 2
-    schedule: str = "1f1b"
-    device: str = "auto"
-    precision: str = "auto"
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    memory_cap_bytes: int | None = None
-    enforce_memory_cap: bool = False
-
-    @classmethod
-    def from_spec(cls, spec: TrialSpec) -> TrainerSettings:
-        known = {f.name for f in fields(cls)}
-        options = {k: v for k, v in spec.trainer.items() if k not in ("kind", "timeout")}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            print(
-                f"parsearch.trainers.builtin: ignoring unknown trainer settings {unknown}; "
-                f"known: {sorted(known)}",
-                file=sys.stderr,
-            )
-        settings = cls(**{k: v for k, v in options.items() if k in known})
-        if settings.steps < 1 or settings.warmup_steps < 0:
-            raise TrainerError(
-                "trainer.steps must be >= 1 and trainer.warmup_steps >= 0; got "
-                f"{settings.steps}, {settings.warmup_steps}"
-            )
-        if settings.schedule not in SCHEDULES:
-            raise TrainerError(f"trainer.schedule must be one of {list(SCHEDULES)}")
-        if settings.device not in ("auto", "cpu", "cuda"):
-            raise TrainerError("trainer.device must be 'auto', 'cpu' or 'cuda'")
-        if settings.precision not in ("auto", "bf16", "fp32"):
-            raise TrainerError("trainer.precision must be 'auto', 'bf16' or 'fp32'")
-        return settings
-
-    def memory_cap(self, spec: TrialSpec) -> int | None:
-        if self.memory_cap_bytes is not None:
-            return int(self.memory_cap_bytes)
-        return spec.allocation.device_memory_bytes if self.enforce_memory_cap else None
 
 
 def resolve_device(settings: TrainerSettings, spec: TrialSpec, env: RankEnv) -> torch.device:
