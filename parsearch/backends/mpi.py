@@ -1,64 +1,8 @@
 """``mpi``: one mpi4py rank per node of the allocation; rank 0 drives, the others work.
 
-Every rank runs the same command, so a job script needs one line::
-
-    srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 parsearch run SPACE --store X.db \
-        --backend mpi
-    mpiexec -disable-auto-cleanup -ppn 1 -n NODES parsearch run SPACE --store X.db --backend mpi
-
 :func:`serve_if_worker` turns ranks >= 1 into workers before the store is opened (only rank
-0 touches it); :func:`create` makes rank 0's backend.
-
-* **Nodes.** Each worker rank is one node: it runs its node's share of one trial at a time
-  (:mod:`parsearch.launch.node`; the ranks start through the node agent, and die with the
-  worker). Rank 0 also works its own node when no other rank shares its host (one rank per
-  node, as above: node 0 is not wasted), and only drives when one does (``mpiexec -n 3`` on
-  one machine: a driver and two "nodes"); ``driver_worker=yes|no`` overrides.
-* **Trials.** A trial of k nodes (``spec.nodes``) goes to the k free nodes of lowest rank,
-  so nodes are packed and every free one is used as soon as a trial fits. Node 0's worker
-  picks a free port on its host and reports it; the driver then orders the other nodes,
-  with ``MASTER_ADDR`` = node 0's host name, so concurrent trials never share a port. The
-  trial ends when every node has reported, or as soon as one fails (the others are
-  cancelled); :func:`parsearch.trainers.merge_results` makes one result of the nodes'.
-* **Lost nodes.** Workers send a heartbeat every ``heartbeat`` seconds, from a thread of
-  their own. One silent for ``lost_after`` seconds is lost, and so is one whose trial is
-  ``lost_after`` seconds past its timeout without a result (its loop is stuck): its trial
-  ends as ``error`` ("node lost"), the trial's other nodes are cancelled, it gets no more
-  trials, and the campaign goes on with the others (with fewer slots; with too few nodes
-  left for a trial, the driver stops). One lost for silence or a stuck loop that was only
-  slow (stopped, paused, its file system hung) comes back: its main loop acknowledges the
-  cancel sent when it was lost, and it gets trials again. One whose messages fail, or
-  whose death ``mpiexec`` reported, is gone for good.
-* **No spinning.** Nobody blocks in MPI (see :mod:`parsearch.backends.mpi_worker`); the
-  driver waits for results with ``improbe`` and short sleeps.
-* **Exit.** Workers serve one backend per job. :meth:`MPIBackend.close` tells them to
-  exit (lost ones too, in case they were only slow) and waits for their goodbye; rank 0
-  also does so at exit if no backend did (the store could not be opened, say), and
-  workers exit by themselves after ``driver_timeout`` seconds without a word from the
-  driver (it was killed), so the job always ends. Workers stop their heartbeat before the
-  goodbye, and every rank drops what it never received before MPI ends
-  (:func:`~parsearch.backends.mpi_worker.discard_unreceived`): MPICH's ``MPI_Finalize``
-  fails on an unreceived message, and hydra then kills the job, exit code 9.
-
-MPICH's ``mpiexec`` (hydra) takes the whole job down when one rank dies unless given
-``-disable-auto-cleanup``; it then tells every other rank with SIGUSR1. Slurm's warning
-before the time limit is SIGUSR1 too, and asks the driver to drain; so the driver holds a
-SIGUSR1 back until it knows which it was: a stop request (passed on) when every worker
-answers, hydra's notice when one stays silent (that worker is lost at once). Workers ignore
-SIGUSR1, SIGINT and SIGTERM and let the driver drain. With hydra on a single host, all
-ranks share one proxy, which SIGKILLs all of them when one is killed by a signal; give each
-rank its own proxy (``-launcher fork -hosts n0,n1,... -ppn 1``) to rehearse node losses.
-
-Options (``--backend-opt key=value``):
-
-* ``workdir``: trial directories under ``workdir/<trial id>/`` on each node (default: a
-  temporary directory per node, removed at the end; the store keeps each log's tail);
-* ``grace``: seconds a trial's other ranks get after one failed (default 3);
-* ``driver_worker``: ``auto`` (default), ``yes`` or ``no``: whether rank 0 runs trials;
-* ``heartbeat``: seconds between a worker's heartbeats (default 1);
-* ``lost_after``: seconds of silence after which a worker is lost (default 30);
-* ``driver_timeout``: seconds of silence from the driver after which workers exit
-  (default 300).
+0 touches it); :func:`create` makes rank 0's backend. How nodes, trials, lost nodes, exit and
+hydra's signals are handled, and the ``--backend-opt`` options: README, "The mpi backend".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DeepHyper's CBO in ask/tell form, set up to stay cheap at hundreds of trials and slots.
 
-Settings, each measured on this 2-core machine (see ``benchmarks/driver_overhead.py``):
+Settings, each measured with ``benchmarks/driver_overhead.py``:
 
 * ``acq_optimizer="sampling"``: the acquisition is maximised over sampled points. DeepHyper's
   default ("mixedga") costs ~1 s per tell by 100 results; sampling stays near 0.01 s.
@@ -45,7 +45,7 @@ Point = dict[str, Any]
 
 @dataclass(frozen=True)
 class CBOSettings:
-    """The DeepHyper knobs a strategy may tune (issue 8 compares them)."""
+    """The DeepHyper knobs a strategy may tune."""
 
     surrogate_model: str = "ET"
     acq_optimizer: str = "sampling"
