@@ -29,13 +29,15 @@ def node_run(
     *,
     env: Mapping[str, str] | None = None,
     grace_s: float = 3.0,
+    hosts: Sequence[str] = (),
 ) -> NodeRun:
-    """A not-yet-started run of one node of ``spec``, for its trainer kind."""
+    """A not-yet-started run of one node of ``spec``, for its trainer kind. ``hosts``: the
+    trial's nodes, node 0 first (a command trainer's ``{hosts}`` and ``{hostfile}``)."""
     if spec.trainer.get("kind") == "command":
         from parsearch.trainers.command import CommandNodeRun
 
         return CommandNodeRun(
-            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s
+            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s, hosts
         )
     return NodeRun(
         spec,
