@@ -150,7 +150,7 @@ slurm_cancel_successor() {
 slurm_existing_successor() {
     ((${SLURM_RESTART_COUNT:-0} > 0)) || return 0
     squeue --noheader --user="${USER}" --states=PENDING --format='%i %E' |
-        awk -v dependency="afterany:${SLURM_JOB_ID}" 'index($2, dependency) {print $1; exit}'
+        awk -v job="${SLURM_JOB_ID}" '$2 ~ ("afterany:" job "([(,]|$)") {print $1; exit}'
 }
 
 # --- PBS Pro ---------------------------------------------------------------------------------
