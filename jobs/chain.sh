@@ -79,7 +79,7 @@ chain_drive() {
         wait "${DRIVER}"
         STATUS=$?
     done
-    trap - USR1
+    trap 'DRAINING=1' USR1 # a warning between two drivers: start no other
 }
 
 # The whole job: chain_run DRIVER-COMMAND...; exits with the driver's status. SCHEDULER
@@ -113,6 +113,8 @@ chain_run() {
         echo "parsearch: campaign finished"
         parsearch report --store "${STORE}" --name "${NAME}" --out "${STORE%.db}-report"
         cancel_why="the campaign is finished"
+    elif ((STATUS == 75 && DRAINING)); then
+        echo "parsearch: the time limit came before the lease went stale; the successor tries again"
     elif ((STATUS == 75)); then
         cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on ${STORE}?)"
     elif ((STATUS != 0)); then
