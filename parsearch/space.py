@@ -31,6 +31,7 @@ from parsearch.config import (
 from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
 from parsearch.estimate.memory import FRAMEWORKS
+from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
 from parsearch.units import format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
@@ -61,6 +62,7 @@ _TOP_KEYS = (
     "memory_cap",
     "trainer",
     "estimate",
+    "exclude",
 )
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 _ALLOCATION_KEYS = (
@@ -105,6 +107,7 @@ class SearchSpace:
     estimate: EstimateSettings
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    exclusions: tuple[Exclusion, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -173,7 +176,10 @@ class SearchSpace:
             yield dict(zip(names, combo, strict=True))
 
     def violations(self, layout: ParallelLayout) -> list[str]:
-        return layout_violations(layout, self.model, self.world_size, self.global_batch)
+        """Why ``layout`` cannot run here: the divisibility rules, then the space's own
+        exclusions (``exclude``), so no strategy ever proposes what the trainer refuses."""
+        problems = layout_violations(layout, self.model, self.world_size, self.global_batch)
+        return problems + exclusion_reasons(self.exclusions, layout)
 
     def predict(self, layout: ParallelLayout) -> Prediction:
         return predict(self.model, layout, self.allocation, self.estimate, self.schedule)
@@ -190,6 +196,7 @@ class SearchSpace:
     def _plan(self) -> SpacePlan:
         total = 0
         reasons: Counter[str] = Counter()
+        excluded: Counter[str] = Counter()
         oom: list[tuple[ParallelLayout, Prediction]] = []
         feasible: list[tuple[ParallelLayout, Prediction]] = []
         for point in self.points():
@@ -198,14 +205,17 @@ class SearchSpace:
             if layout is None:
                 reasons[self._derivation_failure(point)] += 1
                 continue
-            problems = self.violations(layout)
+            problems = layout_violations(layout, self.model, self.world_size, self.global_batch)
             if problems:
                 reasons[problems[0]] += 1
+                continue
+            if refused := exclusion_reasons(self.exclusions, layout):
+                excluded[refused[0]] += 1
                 continue
             prediction = self.predict(layout)
             (feasible if self.fits(prediction) else oom).append((layout, prediction))
         feasible.sort(key=lambda item: -getattr(item[1], self.objective))
-        return SpacePlan(self, total, reasons, oom, feasible)
+        return SpacePlan(self, total, reasons, oom, feasible, excluded)
 
     def _derivation_failure(self, point: Mapping[str, Any]) -> str:
         tp = point.get("tp", self.dimensions["tp"][0])
@@ -217,17 +227,23 @@ class SearchSpace:
 
 @dataclass
 class SpacePlan:
-    """A space sorted into what does not divide, what is predicted OOM and what can run."""
+    """A space sorted into what does not divide, what its rules exclude, what is predicted
+    OOM and what can run."""
 
     space: SearchSpace
     total: int
     not_dividing: Counter[str]
     predicted_oom: list[tuple[ParallelLayout, Prediction]]
     feasible: list[tuple[ParallelLayout, Prediction]]
+    excluded: Counter[str] = field(default_factory=Counter)
 
     @property
     def not_dividing_count(self) -> int:
         return sum(self.not_dividing.values())
+
+    @property
+    def excluded_count(self) -> int:
+        return sum(self.excluded.values())
 
     def timeout_warning(self, top: int = 10) -> str | None:
         """Say so when some of the ``top`` predicted-best layouts would outlast the trial
@@ -252,6 +268,15 @@ class SpacePlan:
         space = self.space
         if self.feasible or (keep_predicted_oom and self.predicted_oom):
             return
+        if not self.predicted_oom and self.excluded:
+            common = "; ".join(f"{reason} ({n}x)" for reason, n in self.excluded.most_common(3))
+            raise SpaceError(
+                f"of the {self.total} layouts in the space, {self.not_dividing_count} do not "
+                f"divide and the space's exclude rules remove the other {self.excluded_count}: "
+                f"{common}. Widen 'search' or narrow the rules",
+                source=space.source,
+                field="exclude",
+            )
         if not self.predicted_oom:
             common = "; ".join(f"{reason} ({n}x)" for reason, n in self.not_dividing.most_common(3))
             raise SpaceError(
@@ -314,6 +339,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
         memory_cap = reader.size(top["memory_cap"], "memory_cap")
     trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
     estimate = reader.estimate(top.get("estimate", {}), trainer_kind=trainer["kind"])
+    exclusions = parse_exclusions(top["exclude"], dimensions, source) if "exclude" in top else ()
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):
         raise reader.error("name", f"must be a string, got {name!r}")
@@ -330,6 +356,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
         estimate=estimate,
         description=str(top.get("description", "")),
         raw=data,
+        exclusions=exclusions,
     )
 
 

@@ -1,9 +1,14 @@
-"""The cluster scripts in ``jobs/`` call the real CLI correctly, and drain before the limit.
+"""The cluster scripts in ``jobs/`` call the real CLI correctly, drain before the limit, and
+chain their jobs safely.
 
 Nobody runs Frontier from CI, so what can break silently is checked here: every
 ``parsearch ...`` invocation of a script is expanded by bash itself (with the batch system's
 variables set to plausible values) and parsed by :func:`parsearch.cli.build_parser`; the
 space a script names must load; the drain settings must fit the warning the scheduler gives.
+Then the scripts run for real under bash, with small stand-ins for the scheduler's commands
+(``sbatch``, ``srun``, ``qsub``, ...) and the ``simulate`` backend: a drain keeps the
+successor and the successor finishes with the first job's budget; a driver that fails at
+start leaves no successor; a second chain on the same store stops at once.
 """
 
 from __future__ import annotations
@@ -22,34 +27,41 @@ import pytest
 
 from parsearch.cli import build_parser
 from parsearch.errors import StoreError
+from parsearch.search.candidates import Candidates
 from parsearch.space import load_space
 from parsearch.store import open_store
 
 ROOT = Path(__file__).parent.parent
 JOBS = ROOT / "jobs"
-# Script -> the backend its campaign uses.
+# Script -> the backend its campaign uses. Every one is a chain (jobs/chain.sh).
 SCRIPTS = {
     "frontier.sbatch": "mpi",
     "perlmutter.sbatch": "mpi",
     "polaris.pbs": "mpi",
     "ray-cluster.sh": "ray",
+    "frontier-megatron-deepspeed.sbatch": "mpi",
+    "megatron-lm-h100.sbatch": "mpi",
+    "torchtitan-h100.sbatch": "mpi",
 }
 # What the batch system, the user's shell, or the script's own run-time commands provide.
 ENVIRONMENT = {
     "SLURM_SUBMIT_DIR": str(ROOT),
     "SLURM_NNODES": "2",
     "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "parsearch",
     "SLURM_JOB_NODELIST": "nid[000001-000002]",
+    "SLURM_CPUS_ON_NODE": "128",
     "PBS_O_WORKDIR": str(ROOT),
     "PBS_JOBID": "4242.polaris-pbs-01",
     "PBS_NODEFILE": "/dev/null",
     "USER": "someone",
     "HOME": "/home/someone",
     "SCRATCH": "/pscratch/sd/s/someone",
-    "TIMEOUT": "10500",
+    "timeout": "10500",
     "NNODES": "2",
-    "HEAD_IP": "10.0.0.1",
     "RAY_ADDRESS": "10.0.0.1:6379",
+    "STORE": "/lustre/campaigns/campaign.db",
+    "NAME": "campaign",
 }
 # For scripts that require SPACE (no default): a shipped space stands in for the user's.
 USER_SPACE = "search_spaces/llama3-8b-h200.yaml"
@@ -66,6 +78,8 @@ def _invocations(text: str) -> list[list[str]]:
     """Each ``parsearch ...`` command's words, unexpanded, up to the first shell operator."""
     found = []
     for line in _logical_lines(text):
+        if not re.search(r"\bparsearch ", line):
+            continue
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)  # drops # comments
         lexer.whitespace_split = True
         words = list(lexer)
@@ -74,6 +88,8 @@ def _invocations(text: str) -> list[list[str]]:
         command = []
         for word in words[words.index("parsearch") + 1 :]:
             if OPERATOR.match(word):
+                if command and command[-1].isdigit():  # the 2 of 2>/dev/null
+                    command.pop()
                 break
             command.append(word)
         found.append(command)
@@ -119,38 +135,31 @@ def _parse(words: list[str]):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_parsearch_invocation_parses_with_the_real_cli(name):
-    invocations = _expanded(name)
-    commands = {words[0] for words in invocations}
-    assert {"run", "status", "report"} <= commands, commands
-    for words in invocations:
-        args = _parse(words)
-        if args.command == "run":
-            assert args.resume, "every job of a chain starts or continues the campaign"
-            assert args.backend == SCRIPTS[name], words
-            assert args.store.endswith(".db")
-            assert args.grace is not None  # the drain time is chosen, not left to chance
-            load_space(ROOT / args.space)
-
-
-TRAINER_SCRIPTS = sorted(p.name for p in JOBS.glob("*.sbatch") if p.name not in SCRIPTS)
-
-
-@pytest.mark.parametrize("name", TRAINER_SCRIPTS)
-def test_trainer_scripts_start_or_continue_their_campaign_over_mpi(name):
     (words,) = _expanded(name)
     args = _parse(words)
-    assert args.command == "run" and args.resume and args.backend == "mpi", words
-    assert load_space(ROOT / args.space).trainer["kind"] == "command"
+    assert args.command == "run" and args.resume, "each job starts or continues the campaign"
+    assert args.backend == SCRIPTS[name], words
+    assert args.store.endswith(".db")
+    assert args.grace is not None  # the drain time is chosen, not left to chance
+    assert args.budget is not None  # the chain's budget, never run's default
+    load_space(ROOT / args.space)
+    text = (JOBS / name).read_text()
+    assert "source jobs/chain.sh" in text and re.search(r"^chain_run ", text, re.M)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_chain_reads_the_campaign_with_the_real_cli():
+    commands = {words[0]: _parse(words) for words in _expanded("chain.sh")}
+    assert set(commands) == {"status", "report"}
+    assert commands["status"].format == "json"
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "chain.sh", "frontier-rccl.sh"])
 def test_scripts_are_valid_bash(name):
     result = subprocess.run(["bash", "-n", str(JOBS / name)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     if shutil.which("shellcheck"):
-        check = subprocess.run(
-            ["shellcheck", "-s", "bash", str(JOBS / name)], capture_output=True, text=True
-        )
+        check = subprocess.run(["shellcheck", "-x", "-s", "bash", f"jobs/{name}"],
+                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
         assert check.returncode == 0, check.stdout
 
 
@@ -158,30 +167,54 @@ def _default(text: str, variable: str) -> int:
     return int(re.search(rf"^{variable}=\$\{{{variable}:-(\d+)\}}", text, re.M).group(1))
 
 
-@pytest.mark.parametrize("name", [name for name in SCRIPTS if "PBS" not in name.upper()])
+@pytest.mark.parametrize("name", [name for name in SCRIPTS if not name.endswith(".pbs")])
 def test_slurm_scripts_drain_within_the_warning(name):
     text = (JOBS / name).read_text()
     warning = re.search(r"^#SBATCH --signal=B:USR1@(\d+)", text, re.M)
     assert warning, "no --signal=B:USR1@N: the driver would be killed mid-trial"
     assert _default(text, "GRACE") < int(warning.group(1))
     # A batch shell runs its trap only while it waits on a background child.
-    assert re.search(r"trap '[^']*kill -USR1 \"\$\{DRIVER\}\"' USR1", text)
-    assert "DRIVER=$!" in text and 'wait "${DRIVER}"' in text
+    chain = (JOBS / "chain.sh").read_text()
+    assert re.search(r"trap '[^']*kill -USR1 \"\$\{DRIVER\}\"' USR1", chain)
+    assert '"$@" &' in chain and "DRIVER=$!" in chain and 'wait "${DRIVER}"' in chain
 
 
 def test_polaris_drains_before_the_walltime_by_itself():
     text = (JOBS / "polaris.pbs").read_text()
     assert _default(text, "GRACE") < _default(text, "DRAIN_S")
-    assert all("--timeout" in words for words in _expanded("polaris.pbs") if words[0] == "run")
+    (run,) = _expanded("polaris.pbs")
+    assert "--timeout" in run
 
 
 def test_frontier_allocation_matches_its_space():
     text = (JOBS / "frontier.sbatch").read_text()
     nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", text, re.M).group(1))
-    run = next(words for words in _expanded("frontier.sbatch") if words[0] == "run")
+    (run,) = _expanded("frontier.sbatch")
     space = load_space(ROOT / run[1])
     assert space.allocation.nodes == nodes
     assert space.allocation.devices_per_node == 8  # one MI250X GCD per rank
+
+
+def test_the_torchtitan_space_never_offers_what_torchtitan_refuses():
+    """torchtitan refuses DDP (zero_stage 0) with tp or pp > 1: plan counts those layouts as
+    excluded, with the reason, and neither its feasible list nor the search's candidates
+    hold one."""
+    space = load_space(ROOT / "search_spaces/torchtitan-llama3-8b-h100.yaml")
+    plan = space.plan()
+
+    def refused(layout):
+        return layout.zero_stage == 0 and (layout.tp > 1 or layout.pp > 1)
+
+    assert plan.feasible and not any(refused(layout) for layout, _ in plan.feasible)
+    assert not any(refused(layout) for layout, _ in plan.predicted_oom)
+    ((reason, count),) = plan.excluded.items()
+    assert "DDP has not supported > 1D parallelism" in reason and count > 0
+    kept = plan.feasible + plan.predicted_oom
+    assert any(layout.zero_stage == 0 for layout, _ in kept)  # 1-D DDP stays in the space
+    candidates = Candidates(space, plan, keep_predicted_oom=True)
+    assert not any(refused(candidate.layout) for candidate in candidates.ranked)
+    assert "huggingface" not in (ROOT / "search_spaces/torchtitan-llama3-8b-h100.yaml").read_text()
+    assert "--training.dataset_path={c4}" in space.trainer["command"]
 
 
 # -- rehearsals: the real scripts under bash, the scheduler replaced by small shims ----------
@@ -191,12 +224,28 @@ SHIMS = {
     # signal sent to the "srun" reaches the command, as srun forwards it).
     "srun": 'while [[ $# -gt 0 && "$1" == -* ]]; do\n'
     '    case "$1" in -N|-n|-w) shift 2 ;; *) shift ;; esac\ndone\nexec "$@"',
-    "mpiexec": 'while [[ $# -gt 0 && "$1" == -* ]]; do shift 2; done\nexec "$@"',
-    "sbatch": 'echo "sbatch $*" >>"${SHIM_LOG}"',
-    "qsub": 'echo "qsub $*" >>"${SHIM_LOG}"',
-    "scontrol": 'echo "   Command=${SHIM_SCRIPT}"',
+    "mpiexec": 'while [[ $# -gt 0 && "$1" == -* ]]; do\n'
+    '    case "$1" in --no-abort-on-failure) shift ;; *) shift 2 ;; esac\ndone\nexec "$@"',
+    # sbatch --parsable / qsub: record the submission (its arguments, one per line, in
+    # submitted.N) and print the new job's id.
+    "sbatch": 'n=$(($(ls "${SHIM_DIR}" | grep -c "^submitted\\.") + 1))\n'
+    'printf "%s\\n" "$@" >"${SHIM_DIR}/submitted.$n"\n'
+    'echo "sbatch $*" >>"${SHIM_LOG}"; echo "$((5000 + n))"',
+    "qsub": 'n=$(($(ls "${SHIM_DIR}" | grep -c "^submitted\\.") + 1))\n'
+    'printf "%s\\n" "$@" >"${SHIM_DIR}/submitted.$n"\n'
+    'echo "qsub $*" >>"${SHIM_LOG}"; echo "$((5000 + n)).polaris-pbs-01"',
+    "scancel": 'echo "scancel $*" >>"${SHIM_LOG}"',
+    "qdel": 'echo "qdel $*" >>"${SHIM_LOG}"',
+    "squeue": "true",
+    "scontrol": 'case "$2" in hostnames) echo "${SHIM_HOST}" ;;\n'
+    '    *) echo "   Command=${SHIM_SCRIPT}" ;; esac',
     "qstat": 'echo "    Resource_List.walltime = ${SHIM_WALLTIME}"',
     "module": "true",
+    "sbcast": "true",
+    # ray start --block holds its srun step: a sleep the EXIT trap's `ray stop` ends.
+    "ray": 'if [[ "$1" == start ]]; then /bin/sleep 600 & echo $! >>"${SHIM_DIR}/ray.pids"; wait\n'
+    'else xargs -r kill <"${SHIM_DIR}/ray.pids" 2>/dev/null; fi',
+    "sleep": "true",  # Ray's start-up pauses; the chain's lease wait is LEASE_WAIT
 }
 
 
@@ -215,9 +264,41 @@ def cluster(tmp_path):
         "HOME": str(tmp_path),
         "USER": "someone",
         "OMP_NUM_THREADS": "1",
-        "SHIM_LOG": str(tmp_path / "submitted.log"),
+        "SHIM_DIR": str(tmp_path),
+        "SHIM_LOG": str(tmp_path / "scheduler.log"),
+        "SHIM_HOST": "localhost",
         "STORE": str(tmp_path / "campaign.db"),
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "parsearch",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_CPUS_ON_NODE": "2",
+        "PBS_O_WORKDIR": str(ROOT),
+        "PBS_JOBID": "4242.polaris-pbs-01",
+        "PBS_NODEFILE": os.devnull,
+        "SHIM_WALLTIME": "01:00:00",
     }
+
+
+def _submitted(cluster: dict[str, str]) -> list[list[str]]:
+    """Each submission's arguments, in order."""
+    found = sorted(Path(cluster["SHIM_DIR"]).glob("submitted.*"), key=lambda p: int(p.suffix[1:]))
+    return [path.read_text().splitlines() for path in found]
+
+
+def _carried(arguments: list[str]) -> dict[str, str]:
+    """The variables a submission hands its job (sbatch --export=ALL,... / qsub -v ...)."""
+    for i, word in enumerate(arguments):
+        if word.startswith("--export="):
+            pairs = word.removeprefix("--export=").split(",")
+            break
+        if word == "-v":
+            pairs = arguments[i + 1].split(",")
+            break
+    else:
+        raise AssertionError(f"no variables carried: {arguments}")
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
 def _finished(store: str) -> int:
@@ -229,68 +310,138 @@ def _finished(store: str) -> int:
     return sum(n for state, n in counts.items() if state.finished)
 
 
-def _status(store: str) -> str:
+def _running(store: str) -> bool:
+    """Whether the campaign's driver is running (it holds the lease from then on)."""
+    try:
+        return _campaign(store).status.value == "running"
+    except StoreError:
+        return False
+
+
+def _campaign(store: str):
     with open_store(store, readonly=True) as opened:
-        return opened.get_campaign().status.value
+        return opened.get_campaign()
 
 
 @pytest.mark.e2e
-def test_frontier_script_drains_on_the_warning_resubmits_and_resumes(cluster):
+def test_frontier_chain_drains_keeps_its_successor_which_finishes_with_the_same_budget(cluster):
     script = JOBS / "frontier.sbatch"
     env = {
         **cluster,
-        "SLURM_SUBMIT_DIR": str(ROOT),
-        "SLURM_NNODES": "1",
-        "SLURM_JOB_ID": "4242",
         "SHIM_SCRIPT": str(script),
-        "BUDGET": "10",
+        "BUDGET": "8",  # 10 s trials: the first job still runs when the rival is done
         "GRACE": "20",
-        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=0.4 --slots 1",
+        "LEASE_TIMEOUT": "30",
+        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=10 --slots 1",
     }
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
-    while _finished(env["STORE"]) < 2 and job.poll() is None and time.monotonic() < deadline:
+    while not _running(env["STORE"]) and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+
+    # A second chain on the same store, while the first one's driver holds the lease: its
+    # driver exits 75, again after LEASE_WAIT, and the chain stops (its successor cancelled).
+    second = {**env, "SLURM_JOB_ID": "7777", "LEASE_WAIT": "1"}
+    rival = subprocess.run(["bash", str(script)], env=second, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert rival.returncode == 75, rival.stdout + rival.stderr
+    assert "another driver holds the campaign's lease" in rival.stdout
+    assert rival.stdout.count("waiting 1 s for it to go stale") == 1
+    rival_successor = _submitted(cluster)[1]
+    assert "--dependency=afterany:7777,singleton" in rival_successor
+    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == "scancel 5002"
+
     job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1: to the batch shell only
     output, _ = job.communicate(timeout=120)
     assert job.returncode == 0, output
-    assert "time limit near, draining" in output
-    assert _status(env["STORE"]) == "stopped"
-    done = _finished(env["STORE"])
-    assert 2 <= done < 10
-    submitted = Path(env["SHIM_LOG"]).read_text()
-    assert "--dependency=afterany:4242" in submitted and "JOB_INDEX=2" in submitted
-    assert submitted.rstrip().endswith(str(script))
+    assert "time limit near, draining" in output and "successor 5001 resumes" in output
+    campaign = _campaign(env["STORE"])
+    assert campaign.status.value == "stopped" and campaign.budget == 8
+    assert 1 <= _finished(env["STORE"]) < 8
+    first_successor = _submitted(cluster)[0]
+    assert "--dependency=afterany:4242,singleton" in first_successor
+    assert "--job-name=parsearch" in first_successor
+    assert first_successor[-1] == str(script)
+    assert "scancel 5001" not in Path(cluster["SHIM_LOG"]).read_text()
 
-    # The successor: finds the campaign in the store, resumes it and finishes it.
-    env.update(JOB_INDEX="2", SLURM_JOB_ID="4243", PARSEARCH_ARGS="--backend simulate")
-    rerun = subprocess.run(["bash", str(script)], env=env, cwd=ROOT, capture_output=True,
-                           text=True, timeout=180)  # fmt: skip
+    # The successor, with exactly what the submission carried: no BUDGET of its own, so a
+    # successor that fell back to the script's default (200) would change the campaign.
+    carried = _carried(first_successor)
+    assert carried["BUDGET"] == "8" and carried["JOB_INDEX"] == "2"
+    assert carried["STORE"] == env["STORE"] and carried["GRACE"] == "20"
+    successor = {key: value for key, value in cluster.items()}
+    successor.update(carried, SLURM_JOB_ID="5001", SHIM_SCRIPT=str(script))
+    successor["PARSEARCH_ARGS"] = "--backend simulate"  # no delay: finish quickly
+    rerun = subprocess.run(["bash", str(script)], env=successor, cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "campaign finished" in rerun.stdout
-    assert _status(env["STORE"]) == "finished" and _finished(env["STORE"]) == 10
-    assert (Path(env["STORE"]).with_suffix("").parent / "campaign-report" / "index.html").exists()
-    assert Path(env["SHIM_LOG"]).read_text() == submitted  # nothing more to submit
+    campaign = _campaign(env["STORE"])
+    assert campaign.status.value == "finished" and campaign.budget == 8
+    assert _finished(env["STORE"]) == 8
+    assert (Path(env["STORE"]).parent / "campaign-report" / "index.html").exists()
+    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == "scancel 5003"
 
 
 @pytest.mark.e2e
-def test_polaris_script_drains_before_the_walltime_and_resubmits(cluster):
+def test_polaris_script_drains_before_the_walltime_and_keeps_its_successor(cluster):
     env = {
         **cluster,
-        "PBS_O_WORKDIR": str(ROOT),
-        "PBS_JOBID": "4242.polaris-pbs-01",
-        "PBS_NODEFILE": os.devnull,
-        "SHIM_WALLTIME": "00:00:36",
+        "SHIM_WALLTIME": "00:00:40",
         "SPACE": "search_spaces/gpt-175b-frontier.yaml",
-        "DRAIN_S": "32",  # --timeout 4: the driver stops itself after 4 s
+        "DRAIN_S": "32",  # --timeout 8 minus the seconds the script took to start
         "GRACE": "5",
+        "BUDGET": "50",
         "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=0.4 --slots 1",
     }
     job = subprocess.run(["bash", str(JOBS / "polaris.pbs")], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=180)  # fmt: skip
     assert job.returncode == 0, job.stdout + job.stderr
-    assert _status(env["STORE"]) == "stopped"
-    assert 1 <= _finished(env["STORE"]) < 100
-    submitted = Path(env["SHIM_LOG"]).read_text()
-    assert "depend=afterany:4242.polaris-pbs-01" in submitted and "JOB_INDEX=2" in submitted
+    assert _campaign(env["STORE"]).status.value == "stopped"
+    assert 1 <= _finished(env["STORE"]) < 50
+    (submitted,) = _submitted(cluster)
+    assert submitted[:2] == ["-W", "depend=afterany:4242.polaris-pbs-01"]
+    carried = _carried(submitted)
+    assert carried["BUDGET"] == "50" and carried["JOB_INDEX"] == "2"
+    assert carried["PARSEARCH_ARGS"] == env["PARSEARCH_ARGS"]
+    assert "qdel" not in Path(cluster["SHIM_LOG"]).read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "name", ["frontier.sbatch", "perlmutter.sbatch", "polaris.pbs", "ray-cluster.sh"]
+)
+def test_a_driver_that_fails_at_start_leaves_no_successor(cluster, name):
+    """A bad space (or module, or environment) ends the driver at once: the successor queued
+    at start is cancelled, so a chain never burns jobs on a start that cannot work."""
+    env = {**cluster, "SHIM_SCRIPT": str(JOBS / name), "SPACE": "search_spaces/missing.yaml"}
+    job = subprocess.run(["bash", str(JOBS / name)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert job.returncode == 2, job.stdout + job.stderr
+    assert "missing.yaml: file not found" in job.stderr
+    assert "the driver failed (exit 2)" in job.stdout
+    assert len(_submitted(cluster)) == 1
+    cancel = "qdel 5001.polaris-pbs-01" if name.endswith(".pbs") else "scancel 5001"
+    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == cancel
+
+
+@pytest.mark.parametrize("store", ["campaigns/x.db", "{tmp}/x.sqlite"])
+def test_a_store_that_is_not_absolute_is_refused_before_anything_is_submitted(cluster, store):
+    env = {**cluster, "SHIM_SCRIPT": "jobs/frontier.sbatch"}
+    env["STORE"] = store.format(tmp=cluster["SHIM_DIR"])
+    job = subprocess.run(["bash", str(JOBS / "frontier.sbatch")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert job.returncode == 2
+    assert f"STORE={env['STORE']}" in job.stderr
+    assert not _submitted(cluster)
+
+
+def test_a_setting_the_scheduler_cannot_carry_is_refused_before_anything_is_submitted(cluster):
+    env = {**cluster, "SHIM_SCRIPT": "jobs/frontier.sbatch",
+           "PARSEARCH_ARGS": "--backend-opt a=1,b=2"}  # fmt: skip
+    job = subprocess.run(["bash", str(JOBS / "frontier.sbatch")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert job.returncode == 2
+    assert "PARSEARCH_ARGS='--backend-opt a=1,b=2' holds a comma" in job.stderr
+    assert not _submitted(cluster)

@@ -56,7 +56,8 @@ def test_shipped_space_loads_plans_and_has_runnable_layouts(path):
     space = load_space(path)
     plan = space.plan()
     plan.require_runnable()
-    assert plan.total == plan.not_dividing_count + len(plan.predicted_oom) + len(plan.feasible)
+    counted = plan.not_dividing_count + plan.excluded_count + len(plan.predicted_oom)
+    assert plan.total == counted + len(plan.feasible)
     best_layout, best = plan.feasible[0]
     assert space.violations(best_layout) == []
     assert best.peak_mem_bytes <= space.memory_limit_bytes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -82,11 +83,12 @@ class LocalBackend:
         trial_dir = self._workdir / spec.trial_id
         port = free_port("127.0.0.1")
         env = self._slot_env(spec, slot)
+        hosts = [socket.gethostname()] * spec.nodes  # every node of the trial runs here
         runs = [
             guarded(
                 node_run(
                     spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env=env,
-                    grace_s=self._grace_s,
+                    grace_s=self._grace_s, hosts=hosts,
                 )
             )
             for node in range(spec.nodes)

@@ -231,7 +231,8 @@ class MPIBackend:
         """Start ``node`` of ``trial``; nodes after the first meet at node 0's address."""
         rank = trial.ranks[node]
         addr, port = (rendezvous.addr, rendezvous.port) if rendezvous else (None, None)
-        order = NodeOrder(trial.spec.to_dict(), node, len(trial.ranks), addr, port)
+        hosts = tuple(self._nodes[r].host for r in trial.ranks)
+        order = NodeOrder(trial.spec.to_dict(), node, len(trial.ranks), addr, port, hosts)
         trial.ordered.add(node)
         if rank == 0:
             assert self._local is not None

@@ -33,7 +33,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,20 @@ if TYPE_CHECKING:
 
 OPTIONS = ("address", "num_cpus", "workdir", "grace", "start_timeout")
 WAIT_S = 0.5  # an actor answers a wait at least this often, so a cancel is never held long
+
+
+def _group_hosts() -> tuple[str, ...]:
+    """The hosts of the calling actor's placement group, bundle 0 first: the trial's nodes
+    (Ray places a group whole before any of its actors runs)."""
+    import ray
+    from ray.util import get_current_placement_group, placement_group_table
+
+    group = get_current_placement_group()
+    if group is None:
+        return ()
+    bundles = placement_group_table(group)["bundles_to_node_id"]
+    names = {node["NodeID"]: node["NodeManagerHostname"] for node in ray.nodes()}
+    return tuple(names.get(bundles[index], "") for index in sorted(bundles))
 
 
 class NodeActor:
@@ -71,7 +85,7 @@ class NodeActor:
         )
 
     def start(self, order: NodeOrder) -> NodeStarted:
-        return self.slot.start(order)
+        return self.slot.start(replace(order, hosts=_group_hosts()))
 
     def wait(self, timeout_s: float) -> NodeDone | None:
         """The node's result once its ranks ended, or ``None`` after ``timeout_s``."""

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     counts = {
         "total": plan.total,
         "not_dividing": plan.not_dividing_count,
+        "excluded": plan.excluded_count,
         "predicted_oom": len(plan.predicted_oom),
         "feasible": len(plan.feasible),
     }
@@ -77,10 +78,13 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
     )
     print(
         f"layouts: {counts['total']} total, {counts['not_dividing']} do not divide, "
+        f"{counts['excluded']} excluded by the space's rules, "
         f"{counts['predicted_oom']} predicted out of memory, {counts['feasible']} feasible"
     )
     for reason, count in plan.not_dividing.most_common(3):
         print(f"  not dividing: {count:6d} x {reason}")
+    for reason, count in plan.excluded.most_common():
+        print(f"  excluded:     {count:6d} x {reason}")
     if not rows:
         print("no feasible layout (all predicted out of memory)")
         return

@@ -40,13 +40,15 @@ class NodeOrder:
 
     Node 0 gets neither: it is the rendezvous, at its own address and a port it finds free
     there (so concurrent trials never share one), both of which it reports; the other
-    nodes are ordered once the driver knows them."""
+    nodes are ordered once the driver knows them. ``hosts``: the trial's nodes, node 0
+    first, where the backend knows them when it orders (a command's ``{hosts}``)."""
 
     spec: dict[str, Any]
     node: int
     nnodes: int
     addr: str | None = None
     port: int | None = None
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,14 @@ class NodeSlot:
         trial_dir = self.workdir / spec.trial_id
         run = guarded(
             self._node_run(
-                spec, order.node, order.nnodes, addr, port, trial_dir, grace_s=self.grace_s
+                spec,
+                order.node,
+                order.nnodes,
+                addr,
+                port,
+                trial_dir,
+                grace_s=self.grace_s,
+                hosts=order.hosts,
             )
         )
         self._run, self._failed = run, None

@@ -36,10 +36,20 @@ def node_run(
     *,
     env: Mapping[str, str] | None = None,
     grace_s: float = 3.0,
+    hosts: Sequence[str] = (),
 ) -> NodeRun:
-    """A not-yet-started run of one node of ``spec``, for its trainer kind."""
+    """A not-yet-started run of one node of ``spec``, for its trainer kind. ``hosts``: the
+    trial's nodes, node 0 first (a command trainer's ``{hosts}`` and ``{hostfile}``)."""
     return kind_of(spec).node_run(
-        spec, node_rank, nnodes, master_addr, master_port, trial_dir, env=env, grace_s=grace_s
+        spec,
+        node_rank,
+        nnodes,
+        master_addr,
+        master_port,
+        trial_dir,
+        env=env,
+        grace_s=grace_s,
+        hosts=hosts,
     )
 
 

@@ -39,6 +39,7 @@ class TrainerKind(Protocol):
         *,
         env: Mapping[str, str] | None = None,
         grace_s: float = 3.0,
+        hosts: Sequence[str] = (),
     ) -> NodeRun: ...
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult: ...

@@ -36,6 +36,7 @@ class BuiltinKind:
         *,
         env: Mapping[str, str] | None = None,
         grace_s: float = 3.0,
+        hosts: Sequence[str] = (),
     ) -> NodeRun:
         return NodeRun(
             spec,

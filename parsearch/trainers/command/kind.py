@@ -32,11 +32,12 @@ class CommandKind:
         *,
         env: Mapping[str, str] | None = None,
         grace_s: float = 3.0,
+        hosts: Sequence[str] = (),
     ) -> NodeRun:
         from parsearch.trainers.command.trainer import CommandNodeRun
 
         return CommandNodeRun(
-            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s
+            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s, hosts
         )
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult:

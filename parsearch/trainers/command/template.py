@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import shlex
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,8 @@ PLACEHOLDERS: dict[str, str] = {
     "nproc_per_node": "ranks on each node",
     "master_addr": "rendezvous host",
     "master_port": "rendezvous port",
+    "hosts": "the trial's hosts, comma-separated, node 0 first (for a launcher of its own)",
+    "hostfile": "a file in the trial directory listing the trial's hosts, one per line",
     "steps": "training steps to run (trainer.steps)",
     "warmup_steps": "steps excluded from the measurement (trainer.warmup_steps)",
     "trial_dir": "this trial's directory (logs, generated files)",
@@ -69,6 +71,8 @@ PLACEHOLDERS: dict[str, str] = {
     "vocab_size": "model.vocab_size",
     "seq_length": "model.seq_length",
 }
+# The file {hostfile} names, in the trial directory.
+HOSTFILE = "hosts"
 # Placeholders whose every value is known, so a switch on them can list them all.
 ENUMERABLE: dict[str, tuple[str, ...]] = {
     "recompute": RECOMPUTE_CHOICES,
@@ -101,8 +105,10 @@ def trial_values(
     trial_dir: Path,
     steps: int,
     warmup_steps: int,
+    hosts: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every built-in placeholder's value for one node of one trial."""
+    """Every built-in placeholder's value for one node of one trial. ``hosts``: where the
+    trial's nodes run, node 0 first, as the backend knows them."""
     layout, model = spec.layout, spec.model
     return {
         "tp": layout.tp,
@@ -123,6 +129,8 @@ def trial_values(
         "nproc_per_node": spec.ranks_per_node,
         "master_addr": master_addr,
         "master_port": master_port,
+        "hosts": ",".join(hosts),
+        "hostfile": str(trial_dir / HOSTFILE),
         "steps": steps,
         "warmup_steps": warmup_steps,
         "trial_dir": str(trial_dir),

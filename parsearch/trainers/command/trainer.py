@@ -36,6 +36,7 @@ from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, pa
 from parsearch.trainers.command.parsers.regex import compile_patterns
 from parsearch.trainers.command.summary import NoMeasurement, summarize
 from parsearch.trainers.command.template import (
+    HOSTFILE,
     PLACEHOLDERS,
     CommandTemplate,
     TemplateError,
@@ -264,10 +265,13 @@ class CommandNodeRun(NodeRun):
         trial_dir: Path,
         env: Mapping[str, str] | None = None,
         grace_s: float = 3.0,
+        hosts: Sequence[str] = (),
     ) -> None:
         """``env`` is the backend's own (e.g. the devices of a local slot); it overrides
-        the space's ``trainer.env``."""
+        the space's ``trainer.env``. ``hosts``: the trial's nodes, for ``{hosts}`` and
+        ``{hostfile}``."""
         self.settings = CommandSettings.from_section(spec.trainer, f"trial {spec.trial_id}")
+        self.hosts = list(hosts)
         self.values = self.settings.values(
             spec,
             node_rank=node_rank,
@@ -275,6 +279,7 @@ class CommandNodeRun(NodeRun):
             master_addr=master_addr,
             master_port=master_port,
             trial_dir=Path(trial_dir),
+            hosts=self.hosts,
         )
         rendered = {key: text.render(self.values) for key, text in self.settings.env.items()}
         super().__init__(
@@ -298,12 +303,18 @@ class CommandNodeRun(NodeRun):
         return super().global_ranks()
 
     def start(self) -> CommandNodeRun:
-        """Write the space's generated files into the trial directory, then start."""
+        """Write the space's generated files and the host file into the trial directory,
+        then start."""
         self.trial_dir.mkdir(parents=True, exist_ok=True)
-        for name, template in self.settings.files.items():
+        written = {
+            name: _render_file(template, self.values)
+            for name, template in self.settings.files.items()
+        }
+        written.setdefault(HOSTFILE, "".join(f"{host}\n" for host in self.hosts))
+        for name, text in written.items():
             path = self.trial_dir / name
             tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
-            tmp.write_text(_render_file(template, self.values))
+            tmp.write_text(text)
             tmp.replace(path)
         super().start()
         return self
