@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "top",
     "export",
     "report",
+    "serve",
 )
 
 

@@ -13,6 +13,7 @@ from parsearch.campaign.arguments import (
 )
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import resume_campaign, stored_backend
+from parsearch.tracking import add_track_argument, make_observers
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_arguments(parser)
     parser.add_argument("--budget", type=positive_int, help="new total budget (default: as stored)")
     add_session_arguments(parser, resume=True)
+    add_track_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -33,12 +35,17 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or stored_backend(args.store, args.name)
     if backend is not None and serve_if_worker(backend):
         return 0
-    summary = resume_campaign(
-        args.store,
-        name=args.name,
-        budget=args.budget,
-        overrides=session_overrides(args),
-        progress=Progress(enabled=not args.quiet),
-    )
+    observers = make_observers(args.track)
+    try:
+        summary = resume_campaign(
+            args.store,
+            name=args.name,
+            budget=args.budget,
+            overrides=session_overrides(args),
+            progress=Progress(enabled=not args.quiet),
+            observers=observers,
+        )
+    finally:
+        observers.close()
     print(summary.render(args.store))
     return 0

@@ -16,6 +16,7 @@ from parsearch.campaign.session import (
 )
 from parsearch.campaign.strategy import STRATEGIES
 from parsearch.space import load_space
+from parsearch.tracking import add_track_argument, make_observers
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "refusing: one command for every job of a chain",
     )
     add_session_arguments(parser, resume=False)
+    add_track_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -86,15 +88,20 @@ def run(args: argparse.Namespace) -> int:
         warm_start_name=args.warm_start_name,
         **given,
     )
-    summary = start_campaign(
-        args.space,
-        args.store,
-        name=args.name,
-        budget=args.budget,
-        seed=args.seed,
-        settings=settings,
-        progress=Progress(enabled=not args.quiet),
-        resume_overrides=given if args.resume else None,
-    )
+    observers = make_observers(args.track)
+    try:
+        summary = start_campaign(
+            args.space,
+            args.store,
+            name=args.name,
+            budget=args.budget,
+            seed=args.seed,
+            settings=settings,
+            progress=Progress(enabled=not args.quiet),
+            resume_overrides=given if args.resume else None,
+            observers=observers,
+        )
+    finally:
+        observers.close()
     print(summary.render(args.store))
     return 0

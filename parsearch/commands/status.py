@@ -28,13 +28,14 @@ def run(args: argparse.Namespace) -> int:
         progress = campaign_progress(store, campaign)
         others = [c.name for c in store.list_campaigns() if c.id != campaign.id]
     if args.format == "json":
-        print(json.dumps(_document(progress), indent=2))
+        print(json.dumps(status_document(progress), indent=2))
     else:
         print(render_text(progress, others))
     return 0
 
 
-def _document(progress: CampaignProgress) -> dict:
+def status_document(progress: CampaignProgress) -> dict:
+    """The figures of `parsearch status --format json` (also served by `parsearch serve`)."""
     campaign, best = progress.campaign, progress.best
     return {
         "campaign": campaign.name,

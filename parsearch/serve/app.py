@@ -1,0 +1,233 @@
+"""The ``parsearch serve`` ASGI application: a read-only JSON API and the live dashboard page.
+
+FastAPI documents the API's schema at ``/openapi.json``. Its Swagger and ReDoc pages are
+turned off: they load their scripts from a CDN, and the service must work on a login node
+that cannot reach one. Every asset of the dashboard ships in ``parsearch/serve/static``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from parsearch import __version__
+from parsearch.errors import ParsearchError
+from parsearch.serve import figures, views
+from parsearch.serve.views import BadRequest, NotFound, StoreReader
+
+LOG = logging.getLogger("parsearch.serve")
+STATIC = resources.files("parsearch.serve") / "static"
+TOKEN_HEADER = "authorization"
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> FastAPI:
+    """The service for the store at ``store_path``; with ``token``, every request must carry
+    it (``Authorization: Bearer TOKEN`` or ``?token=TOKEN``)."""
+    reader = StoreReader(store_path)
+    cache = figures.FigureCache()
+    app = FastAPI(
+        title="parsearch serve",
+        version=__version__,
+        description="A campaign's progress, best layouts, trials and the estimate's fidelity, "
+        "read live from a parsearch store (opened read-only). Errors are JSON objects "
+        '`{"error": "..."}` with a 4xx status.',
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.reader = reader
+    _add_token_check(app, token)
+    _add_error_handlers(app)
+
+    def read(name: str, answer: Callable[..., Any], *args: Any) -> Any:
+        """``answer(store, campaign, *args)`` in one short read-only session."""
+        with reader.open() as store:
+            return answer(store, views.find_campaign(store, name), *args)
+
+    @app.get("/api/campaigns", tags=["campaigns"])
+    def campaigns() -> list[dict[str, Any]]:
+        """Every campaign of the store, newest first."""
+        return reader.campaigns()
+
+    @app.get("/api/campaigns/{name}/status", tags=["campaigns"])
+    def status(name: str) -> dict[str, Any]:
+        """Progress, trials by state, best so far, ETA and the driver: the figures of
+        `parsearch status --format json`."""
+        return read(name, views.status)
+
+    @app.get("/api/campaigns/{name}/best", tags=["results"])
+    def best(
+        name: str,
+        max_mem: str | None = Query(None, description="peak memory per rank cap: 60GiB, bytes"),
+    ) -> dict[str, Any]:
+        """The best ok trial (under `max_mem`): `parsearch best --format json`; 404 before
+        the first success."""
+        return read(name, views.best, max_mem)
+
+    @app.get("/api/campaigns/{name}/best/exports", tags=["results"])
+    def best_exports(
+        name: str, max_mem: str | None = Query(None, description="as for /best")
+    ) -> dict[str, Any]:
+        """The best layout in every trainer's format (`parsearch best --format F`)."""
+
+        def answer(store, campaign):
+            record = store.best(campaign.id, max_mem_bytes=views.memory_cap(max_mem))
+            if record is None:
+                raise NotFound(f"campaign '{campaign.name}' has no successful trial yet")
+            return {"trial": record.number, "exports": views.best_exports(record, campaign)}
+
+        return read(name, answer)
+
+    @app.get("/api/campaigns/{name}/top", tags=["results"])
+    def top(
+        name: str,
+        k: int = Query(10, description="how many trials"),
+        max_mem: str | None = Query(None, description="peak memory per rank cap"),
+    ) -> list[dict[str, Any]]:
+        """The k best ok trials, measured beside predicted: `parsearch top -k K --format json`."""
+        return read(name, views.top, k, max_mem)
+
+    @app.get("/api/campaigns/{name}/trials", tags=["trials"])
+    def trials(
+        request: Request,
+        name: str,
+        state: str | None = Query(None, description="comma list: ok,oom,timeout,error,..."),
+        tp: str | None = Query(None, description="comma list of integers"),
+        pp: str | None = Query(None, description="comma list of integers"),
+        dp: str | None = Query(None),
+        mbs: str | None = Query(None),
+        gas: str | None = Query(None),
+        zero_stage: str | None = Query(None),
+        vpp: str | None = Query(None),
+        recompute: str | None = Query(None, description="none, selective, full"),
+        sequence_parallel: str | None = Query(None, description="true or false"),
+        limit: str | None = Query(None, description="at most this many trials"),
+        offset: str | None = Query(None, description="skip this many first"),
+    ) -> list[dict[str, Any]]:
+        """The campaign's trials in order of number, with failure reasons, filtered by state
+        and layout values. Unknown or malformed parameters are a 400."""
+        wanted = views.trial_filter(dict(request.query_params))
+        return read(name, views.trials, wanted)
+
+    @app.get("/api/campaigns/{name}/trials/{number}", tags=["trials"])
+    def trial(name: str, number: int) -> dict[str, Any]:
+        """One trial whole: layout, state, metrics, prediction, error and its log tail."""
+        return read(name, views.trial, number)
+
+    @app.get("/api/campaigns/{name}/pareto", tags=["results"])
+    def pareto(name: str) -> list[dict[str, Any]]:
+        """Ok trials no other beats on both objective and peak memory, by memory."""
+        return read(name, views.pareto)
+
+    def bundle(name: str, part: str) -> Any:
+        return read(name, lambda store, campaign: cache.get(store, campaign)[part])
+
+    @app.get("/api/campaigns/{name}/fidelity", tags=["figures"])
+    def fidelity(name: str) -> dict[str, Any]:
+        """The estimate against the trials, for the objective and peak memory: median
+        measured/predicted ratio, IQR, mean error, rank correlation and the pairs."""
+        return bundle(name, "fidelity")
+
+    @app.get("/api/campaigns/{name}/convergence", tags=["figures"])
+    def convergence(name: str) -> list[dict[str, Any]]:
+        """Best objective after each finished trial, in finish order."""
+        return bundle(name, "convergence")
+
+    @app.get("/api/campaigns/{name}/heatmap", tags=["figures"])
+    def heatmap(name: str) -> dict[str, Any]:
+        """TP x PP cells: best objective, or why none (oom, failed, no_divide, ...)."""
+        return bundle(name, "heatmap")
+
+    @app.get("/api/campaigns/{name}/dashboard", tags=["figures"])
+    def dashboard(name: str) -> dict[str, Any]:
+        """Everything the dashboard page draws (status, best in every format, figures,
+        trials): what the page polls. Figures are recomputed only when trials changed."""
+
+        def answer(store, campaign):
+            return {
+                "campaign": views.campaign_summary(campaign),
+                "status": views.status(store, campaign),
+                **cache.get(store, campaign),
+            }
+
+        return read(name, answer)
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"), headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+def _add_token_check(app: FastAPI, token: str | None) -> None:
+    if token is None:
+        return
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next):
+        given = request.query_params.get("token")
+        header = request.headers.get(TOKEN_HEADER, "")
+        if header.lower().startswith("bearer "):
+            given = header[7:].strip()
+        if not given:
+            return _error(
+                401,
+                "this server requires a token: send 'Authorization: Bearer TOKEN' or add "
+                "?token=TOKEN to the URL (the token parsearch serve printed when it started)",
+            )
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return _error(403, "wrong token")
+        return await call_next(request)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every failure is ``{"error": message}`` with its status; never a traceback."""
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(ParsearchError)
+    async def store_error(request: Request, exc: ParsearchError) -> JSONResponse:
+        # The store cannot be read now (missing, locked past the timeout, not a store).
+        return _error(503, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{' '.join(str(part) for part in error.get('loc', ()))}: {error.get('msg')}"
+            + (f" (got {error['input']!r})" if "input" in error else "")
+            for error in exc.errors()
+        ]
+        return _error(400, "; ".join(problems))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = exc.detail
+        if exc.status_code == 404:
+            message = f"no such page {request.url.path}; the API is listed at /openapi.json"
+        return _error(exc.status_code, str(message))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        LOG.exception("error answering %s", request.url.path)
+        return _error(500, f"internal error answering {request.url.path}: {exc}")
