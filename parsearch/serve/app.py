@@ -7,21 +7,25 @@ that cannot reach one. Every asset of the dashboard ships in ``parsearch/serve/s
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from parsearch import __version__
 from parsearch.errors import ParsearchError
+from parsearch.report.data import ReportData
 from parsearch.serve import figures, views
 from parsearch.serve.views import BadRequest, NotFound, StoreReader
 
@@ -38,8 +42,17 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     """The service for the store at ``store_path``; with ``token``, every request must carry
     it (``Authorization: Bearer TOKEN`` or ``?token=TOKEN``)."""
     reader = StoreReader(store_path)
-    cache = figures.FigureCache()
+    cache = figures.FigureCache(reader.open)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # Plan the stored spaces in the background: the first dashboard poll of a 175B
+        # campaign would otherwise wait seconds for it.
+        threading.Thread(target=_plan_spaces, args=(reader,), daemon=True).start()
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="parsearch serve",
         version=__version__,
         description="A campaign's progress, best layouts, trials and the estimate's fidelity, "
@@ -55,7 +68,9 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     def read(name: str, answer: Callable[..., Any], *args: Any) -> Any:
         """``answer(store, campaign, *args)`` in one short read-only session."""
         with reader.open() as store:
-            return answer(store, views.find_campaign(store, name), *args)
+            found = answer(store, views.find_campaign(store, name), *args)
+        # Plain data already: JSONResponse skips FastAPI's per-value encoder.
+        return JSONResponse(found)
 
     @app.get("/api/campaigns", tags=["campaigns"])
     def campaigns() -> list[dict[str, Any]]:
@@ -132,38 +147,39 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         """Ok trials no other beats on both objective and peak memory, by memory."""
         return read(name, views.pareto)
 
-    def bundle(name: str, part: str) -> Any:
-        return read(name, lambda store, campaign: cache.get(store, campaign)[part])
+    def figure(name: str, draw: Callable[[ReportData], Any]) -> Any:
+        """A figure's table from the store as it is now (the dashboard's may lag a poll)."""
+        return read(name, lambda store, campaign: draw(figures.report_data(store, campaign)))
 
     @app.get("/api/campaigns/{name}/fidelity", tags=["figures"])
     def fidelity(name: str) -> dict[str, Any]:
         """The estimate against the trials, for the objective and peak memory: median
         measured/predicted ratio, IQR, mean error, rank correlation and the pairs."""
-        return bundle(name, "fidelity")
+        return figure(name, figures.fidelity)
 
     @app.get("/api/campaigns/{name}/convergence", tags=["figures"])
     def convergence(name: str) -> list[dict[str, Any]]:
         """Best objective after each finished trial, in finish order."""
-        return bundle(name, "convergence")
+        return figure(name, figures.convergence_rows)
 
     @app.get("/api/campaigns/{name}/heatmap", tags=["figures"])
     def heatmap(name: str) -> dict[str, Any]:
         """TP x PP cells: best objective, or why none (oom, failed, no_divide, ...)."""
-        return bundle(name, "heatmap")
+        return figure(name, figures.heatmap)
 
     @app.get("/api/campaigns/{name}/dashboard", tags=["figures"])
     def dashboard(name: str) -> dict[str, Any]:
         """Everything the dashboard page draws (status, best in every format, figures,
-        trials): what the page polls. Figures are recomputed only when trials changed."""
+        trials): what the page polls. The status is read now; the rest is recomputed when
+        trials changed, in the background, so it may lag the status by a poll (2 s)."""
 
-        def answer(store, campaign):
-            return {
-                "campaign": views.campaign_summary(campaign),
-                "status": views.status(store, campaign),
-                **cache.get(store, campaign),
-            }
-
-        return read(name, answer)
+        with reader.open() as store:
+            campaign = views.find_campaign(store, name)
+            status = views.status(store, campaign)
+            head = {"campaign": views.campaign_summary(campaign), "status": status}
+            members = cache.entry(store, campaign).json_members()
+        text = json.dumps(head, allow_nan=False)[:-1] + "," + members + "}"
+        return Response(text, media_type="application/json")
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
@@ -172,6 +188,16 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         return FileResponse(str(STATIC / "index.html"), headers={"Cache-Control": "no-cache"})
 
     return app
+
+
+def _plan_spaces(reader: StoreReader) -> None:
+    try:
+        with reader.open() as store:
+            campaigns = store.list_campaigns()
+        for campaign in campaigns:
+            figures.campaign_space(campaign)
+    except Exception:  # the requests that need it will report the problem
+        LOG.debug("planning the stored spaces failed", exc_info=True)
 
 
 def _add_token_check(app: FastAPI, token: str | None) -> None:
