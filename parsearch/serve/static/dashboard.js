@@ -136,7 +136,9 @@ function drawConvergence(data) {
   if (!rows.length) return message("convergence", "no finished trial yet");
   const node = clear("convergence");
   const [lo, hi] = extent(rows.map((r) => r.value));
-  const plot = frame(node, { x: [1, Math.max(rows.length, 2)], y: [lo * 0.95, hi * 1.02],
+  const span = hi > lo ? hi - lo : Math.abs(hi) || 1;
+  // Room below the lowest value for the strip of failed trials.
+  const plot = frame(node, { x: [1, Math.max(rows.length, 2)], y: [lo - 0.15 * span, hi + 0.05 * span],
                              xLabel: "finished trials", yLabel: data.objective_label });
   let path = "";
   for (const r of rows) {
@@ -424,6 +426,8 @@ async function refresh() {
   try {
     const data = await api(`campaigns/${encodeURIComponent(view.campaign)}/dashboard`);
     view.data = data;
+    const option = [...document.getElementById("campaign").options].find((o) => o.value === view.campaign);
+    if (option) option.textContent = `${view.campaign} (${data.status.status})`;
     draw(data);
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.state = "ready";
