@@ -8,6 +8,7 @@ with and without the load (baseline: the same driver alone, measured first in th
 
     .venv/bin/python benchmarks/serve_load.py                 # 50 clients x 20 s
     .venv/bin/python benchmarks/serve_load.py --clients 10 --duration 5
+    .venv/bin/python benchmarks/serve_load.py --think 2          # 50 open dashboards
 
 ``tests/test_serve.py`` runs a short version (no error, no lock timeout; no latency bound).
 """
@@ -132,14 +133,23 @@ class LoadResult:
 
 
 async def _client(
-    base: str, campaign: str, until: float, result: LoadResult, offset: int, headers
+    base: str,
+    campaign: str,
+    until: float,
+    result: LoadResult,
+    offset: int,
+    headers,
+    think_s: float,
 ) -> None:
     import httpx
 
+    paths = PATHS[:1] if think_s else PATHS  # a browser polls the dashboard only
     async with httpx.AsyncClient(base_url=base, timeout=60, headers=headers) as client:
         i = offset
         while time.monotonic() < until:
-            path = f"/api/campaigns/{campaign}/{PATHS[i % len(PATHS)]}"
+            if think_s and i > offset:
+                await asyncio.sleep(think_s)
+            path = f"/api/campaigns/{campaign}/{paths[i % len(paths)]}"
             i += 1
             started = time.perf_counter()
             try:
@@ -155,17 +165,23 @@ async def _client(
 
 
 def load(
-    base: str, clients: int, seconds: float, campaign: str = CAMPAIGN, token: str | None = None
+    base: str,
+    clients: int,
+    seconds: float,
+    campaign: str = CAMPAIGN,
+    token: str | None = None,
+    think_s: float = 0.0,
 ) -> LoadResult:
     """``clients`` concurrent clients, each requesting :data:`PATHS` of ``campaign`` in turn
-    for ``seconds``."""
+    for ``seconds`` without pause; with ``think_s``, the dashboard poll only, every
+    ``think_s`` seconds, as open browsers do."""
     result = LoadResult()
     headers = {"Authorization": f"Bearer {token}"} if token else None
 
     async def main() -> None:
         until = time.monotonic() + seconds
         await asyncio.gather(
-            *(_client(base, campaign, until, result, i, headers) for i in range(clients))
+            *(_client(base, campaign, until, result, i, headers, think_s) for i in range(clients))
         )
 
     started = time.monotonic()
@@ -201,7 +217,9 @@ def driver_waits(out: Path) -> dict:
     }
 
 
-def run(clients: int, seconds: float) -> dict:
+def run(clients: int, seconds: float, think_s: float) -> dict:
+    import httpx
+
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         # Baseline: the driver alone, as long as the loaded run.
@@ -213,8 +231,9 @@ def run(clients: int, seconds: float) -> dict:
         driver = start_driver(store, seconds + 30, out)
         with serving(store, port) as (base, _):
             wait_for_campaign(base)
-            load(base, 1, 0.1)  # one page load first: the space's plan, paid once per server
-            result = load(base, clients, seconds)
+            # One page load first: the space's plan, paid once per server.
+            httpx.get(f"{base}/api/campaigns/{CAMPAIGN}/dashboard", timeout=600).raise_for_status()
+            result = load(base, clients, seconds, think_s=think_s)
         driver.terminate()  # drains: a clean stop, exit 0
         code = driver.wait(timeout=60)
         loaded = driver_waits(out)
@@ -226,6 +245,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load")
     parser.add_argument(
+        "--think",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="each client polls the dashboard every S seconds, as a browser does (default: "
+        "every API path in turn, without pause)",
+    )
+    parser.add_argument(
         "--drive", nargs=3, metavar=("STORE", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -233,10 +260,11 @@ def main() -> None:
         store, seconds, out = args.drive
         drive(store, float(seconds), out)
         return
-    found = run(args.clients, args.duration)
+    found = run(args.clients, args.duration, args.think)
     result, base, loaded = found["result"], found["baseline"], found["loaded"]
     n = len(result.latencies_s)
-    print(f"{args.clients} clients x {args.duration:g} s against 127.0.0.1 while a campaign writes")
+    how = f"dashboards polling every {args.think:g} s" if args.think else "clients, no pause"
+    print(f"{args.clients} {how}, {args.duration:g} s, against 127.0.0.1 while a campaign writes")
     print(
         f"  requests {n} ({n / result.elapsed_s:.0f}/s), errors {len(result.errors)}; latency "
         f"p50 {1000 * result.percentile(0.5):.0f} ms, p95 {1000 * result.percentile(0.95):.0f} ms, "

@@ -24,6 +24,9 @@ from parsearch.serve.views import plain
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, SQLiteStore
 
+# The dashboard's table holds the newest trials (a 1T rehearsal may have thousands);
+# /trials serves them all.
+TABLE_ROWS = 2000
 # The estimate's figures the dashboard compares with measurements.
 FIDELITY_METRICS = ("peak_mem_bytes",)
 
@@ -97,6 +100,7 @@ def figure_bundle(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
     convergence, heat map, Pareto front, fidelity and the trials table."""
     data = report_data(store, campaign)
     record = store.best(campaign.id)
+    records = store.trials(campaign.id)
     return {
         "objective_label": data.objective_label,
         "memory_limit_bytes": data.memory_limit_bytes,
@@ -106,7 +110,8 @@ def figure_bundle(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
         "heatmap": heatmap(data),
         "pareto": views.pareto(store, campaign),
         "fidelity": fidelity(data),
-        "trials": plain([views.trial_row(r, campaign) for r in store.trials(campaign.id)]),
+        "trials": plain([views.trial_row(r, campaign) for r in records[-TABLE_ROWS:]]),
+        "trials_total": len(records),
     }
 
 

@@ -387,6 +387,9 @@ function drawTrials(data) {
     fragment.appendChild(tr);
   }
   body.replaceChildren(fragment);
+  document.getElementById("trials-note").textContent = data.trials_total > data.trials.length
+    ? `the newest ${data.trials.length} of ${data.trials_total}; /api/campaigns/NAME/trials has all`
+    : "";
   const filter = document.getElementById("state-filter");
   const states = [...new Set(data.trials.map((t) => t.state))].sort();
   const have = [...filter.options].map((o) => o.value);
