@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
     StoreReader(args.store).campaigns()  # a missing or foreign store fails here, by name
     app = create_app(args.store, token=token)
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    shown = socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
+    shown = f"[{shown}]" if ":" in shown else shown
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"parsearch serve: {args.store} at {url} (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -32,6 +32,7 @@ from parsearch.serve.views import BadRequest, NotFound, StoreReader
 LOG = logging.getLogger("parsearch.serve")
 STATIC = resources.files("parsearch.serve") / "static"
 TOKEN_HEADER = "authorization"
+TOKEN_COOKIE = "parsearch_token"
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -204,15 +205,21 @@ def _plan_spaces(reader: StoreReader) -> None:
 
 
 def _add_token_check(app: FastAPI, token: str | None) -> None:
+    """Every request must carry ``token``: as ``Authorization: Bearer``, ``?token=`` or the
+    cookie set when a ``?token=`` URL was opened, which is how the page's own stylesheet,
+    script and API calls carry it."""
     if token is None:
         return
 
     @app.middleware("http")
     async def check_token(request: Request, call_next):
-        given = request.query_params.get("token")
         header = request.headers.get(TOKEN_HEADER, "")
-        if header.lower().startswith("bearer "):
-            given = header[7:].strip()
+        from_query = request.query_params.get("token")
+        given = (
+            header[7:].strip()
+            if header.lower().startswith("bearer ")
+            else from_query or request.cookies.get(TOKEN_COOKIE)
+        )
         if not given:
             return _error(
                 401,
@@ -221,7 +228,10 @@ def _add_token_check(app: FastAPI, token: str | None) -> None:
             )
         if not hmac.compare_digest(given.encode(), token.encode()):
             return _error(403, "wrong token")
-        return await call_next(request)
+        response = await call_next(request)
+        if from_query:
+            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        return response
 
 
 def _add_error_handlers(app: FastAPI) -> None:
