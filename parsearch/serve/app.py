@@ -65,7 +65,6 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         # on every request (an eighth of the server's time under load), for nothing here.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    app.state.reader = reader
     _add_token_check(app, token)
     _add_error_handlers(app)
 

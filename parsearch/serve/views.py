@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsearch.campaign.formats import trial_document
+from parsearch.campaign.formats import format_layout, trial_document
 from parsearch.campaign.query import campaign_progress
 from parsearch.commands.status import status_document
 from parsearch.errors import ParsearchError
@@ -127,8 +127,6 @@ def best(store: SQLiteStore, campaign: Campaign, max_mem: str | None = None) -> 
 def best_exports(record: TrialRecord, campaign: Campaign) -> dict[str, dict[str, str | None]]:
     """The best layout in every trainer's format (``parsearch best --format F``); a layout
     a trainer cannot express carries the reason instead of text."""
-    from parsearch.campaign.formats import format_layout
-
     exports: dict[str, dict[str, str | None]] = {}
     for name in ("yaml", *EXPORTERS):
         try:
