@@ -53,3 +53,9 @@ class TrainerError(ParsearchError):
     """A trainer was configured in a way that cannot run."""
 
     exit_code = 2
+
+
+class TrackingError(ParsearchError):
+    """A tracker cannot be set up: its package is missing or its target is unusable."""
+
+    exit_code = 2

@@ -143,3 +143,33 @@ def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
     except ParsearchError as error:
         raise WarmStartError(f"--warm-start {path}: {error}") from None
     return warm_start_from(campaign, trials, str(path))
+
+
+def status_document(progress: CampaignProgress) -> dict:
+    """The figures of `parsearch status --format json` (also served by `parsearch serve`)."""
+    campaign, best = progress.campaign, progress.best
+    return {
+        "campaign": campaign.name,
+        "status": campaign.status.value,
+        "budget": campaign.budget,
+        "finished": progress.finished,
+        "failed": progress.failed,
+        "states": {state.value: n for state, n in progress.counts.items()},
+        "eta_s": progress.eta_s,
+        "best": None
+        if best is None
+        else {"trial": best.number, "objective": best.objective, "layout": best.config},
+        "objective_metric": campaign.objective_metric,
+        "backend": campaign.backend,
+        "created_at": campaign.created_at,
+        "finished_at": campaign.finished_at,
+        "driver": None
+        if progress.driver is None
+        else {
+            "host": progress.driver.host,
+            "pid": progress.driver.pid,
+            "since": progress.driver.acquired_at,
+            "silent_s": progress.driver_silent_s,
+            "stale": progress.driver_stale,
+        },
+    }

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from parsearch.backends import Backend, Finished
 from parsearch.campaign.lease import Lease
+from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, Snapshot
 from parsearch.campaign.signals import StopRequest
 from parsearch.config import ParallelLayout
@@ -78,6 +79,7 @@ class Driver:
         settings: DriverSettings,
         stop: StopRequest | None = None,
         progress: Progress | None = None,
+        observers: Observers | None = None,
     ):
         self.store = store
         self.campaign = campaign
@@ -88,6 +90,7 @@ class Driver:
         self.settings = settings
         self.stop = stop or StopRequest()
         self.progress = progress or Progress(enabled=False)
+        self.observers = observers or Observers()
         self.metric = campaign.objective_metric
         self.trial_timeout_s = space.trial_timeout_s
         self.running: dict[str, TrialRecord] = {}
@@ -220,6 +223,7 @@ class Driver:
         result = TrialResult(status=TrialState.INFEASIBLE, error="; ".join(problems))
         record = self.store.finish_trial(record.id, result, None)
         self._count(record)
+        self.observers.trial_finished(self.campaign, record)
         return record, result
 
     def _record(self, finished: list[Finished]) -> None:
@@ -232,6 +236,7 @@ class Driver:
             value = objective if isinstance(objective, float) else None
             record = self.store.finish_trial(record.id, item.result, value)
             self._count(record)
+            self.observers.trial_finished(self.campaign, record)
             self._finished_here += 1
             told.append((record, item.result))
         self._tell(told)

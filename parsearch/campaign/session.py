@@ -20,6 +20,7 @@ from parsearch.backends import Backend, create_backend
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
+from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.errors import ParsearchError, StoreError
@@ -111,6 +112,7 @@ def start_campaign(
     settings: CampaignSettings = CampaignSettings(),
     progress: Progress | None = None,
     resume_overrides: dict[str, Any] | None = None,
+    observers: Observers | None = None,
 ) -> SessionSummary:
     """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
     to :data:`DEFAULT_BUDGET`).
@@ -140,7 +142,7 @@ def start_campaign(
                     "started with; it continues with the stored one",
                     file=sys.stderr,
                 )
-            return _continue(store, campaign, budget, resume_overrides, progress, stop)
+            return _continue(store, campaign, budget, resume_overrides, progress, stop, observers)
         if warning := space.plan().timeout_warning():
             print(f"warning: {warning}", file=sys.stderr)
         # Everything that can refuse the settings does so before the campaign exists, so a
@@ -160,7 +162,9 @@ def start_campaign(
         except BaseException:
             parts.close()
             raise
-        return _session(store, campaign, space, settings, progress, stop, parts=parts)
+        return _session(
+            store, campaign, space, settings, progress, stop, parts=parts, observers=observers
+        )
 
 
 def resume_campaign(
@@ -170,6 +174,7 @@ def resume_campaign(
     budget: int | None = None,
     overrides: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    observers: Observers | None = None,
 ) -> SessionSummary:
     """Continue a campaign: re-queue its interrupted trials, then run to its budget.
 
@@ -182,7 +187,7 @@ def resume_campaign(
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
-        return _continue(store, campaign, budget, overrides or {}, progress, stop)
+        return _continue(store, campaign, budget, overrides or {}, progress, stop, observers)
 
 
 def _continue(
@@ -192,6 +197,7 @@ def _continue(
     overrides: dict[str, Any],
     progress: Progress | None,
     stop: StopRequest,
+    observers: Observers | None = None,
 ) -> SessionSummary:
     stored = CampaignSettings.from_dict(campaign.settings)
     overrides = dict(overrides)
@@ -200,7 +206,9 @@ def _continue(
     settings = dataclasses.replace(stored, **overrides)
     source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
     space = space_from_dict(campaign.space, source=source)
-    return _session(store, campaign, space, settings, progress, stop, budget=budget)
+    return _session(
+        store, campaign, space, settings, progress, stop, budget=budget, observers=observers
+    )
 
 
 @dataclass
@@ -251,6 +259,7 @@ def _session(
     *,
     budget: int | None = None,
     parts: _Parts | None = None,
+    observers: Observers | None = None,
 ) -> SessionSummary:
     """Run the campaign under its lease; ``parts`` are built after the lease if not given.
 
@@ -298,6 +307,7 @@ def _session(
             ),
             stop=stop,
             progress=progress,
+            observers=observers,
         )
         outcome = driver.run(history)
         parts.close()

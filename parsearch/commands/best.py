@@ -6,8 +6,8 @@ import argparse
 
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size
-from parsearch.commands._formats import FORMATS, format_layout
 from parsearch.errors import ParsearchError
+from parsearch.formats import FORMATS, format_layout
 from parsearch.query import open_campaign
 from parsearch.units import format_bytes
 

@@ -7,6 +7,7 @@ import argparse
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
 from parsearch.query import open_campaign
+from parsearch.tracking import make_tracker, track_target
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,15 +18,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "estimate's predictions (predicted.*). Safe while the campaign runs.",
     )
     add_store_arguments(parser)
-    parser.add_argument(
-        "--out", required=True, metavar="FILE", help="results.csv or results.parquet"
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", metavar="FILE", help="results.csv or results.parquet")
+    target.add_argument(
+        "--to",
+        type=track_target,
+        metavar="mlflow[:URI]",
+        help="log every finished trial to MLflow instead (a run per trial; trials logged "
+        "before are skipped); URI defaults to $MLFLOW_TRACKING_URI, else ./mlruns",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.to is not None:
+        return _to_tracker(args)
     with open_campaign(args.store, args.name) as (store, campaign):
         path = store.export(campaign.id, args.out)
         count = sum(store.counts(campaign.id).values())
     print(f"wrote {count} trials of campaign '{campaign.name}' to {path}")
+    return 0
+
+
+def _to_tracker(args: argparse.Namespace) -> int:
+    tracker = make_tracker(args.to)
+    with open_campaign(args.store, args.name) as (store, campaign):
+        records = store.trials(campaign.id)
+    added = tracker.export(campaign, records)
+    finished = sum(r.state.finished for r in records)
+    print(
+        f"logged {added} new of {finished} finished trials of campaign '{campaign.name}' to "
+        f"{args.to.kind} at {tracker.uri} (experiment '{campaign.name}')"
+    )
     return 0

@@ -12,6 +12,7 @@ from parsearch.commands._arguments import (
     positive_int,
     session_overrides,
 )
+from parsearch.tracking import add_track_argument, make_observers
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_arguments(parser)
     parser.add_argument("--budget", type=positive_int, help="new total budget (default: as stored)")
     add_session_arguments(parser, resume=True)
+    add_track_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -38,12 +40,17 @@ def run(args: argparse.Namespace) -> int:
     from parsearch.campaign.progress import Progress
     from parsearch.campaign.session import resume_campaign
 
-    summary = resume_campaign(
-        args.store,
-        name=args.name,
-        budget=args.budget,
-        overrides=session_overrides(args),
-        progress=Progress(enabled=not args.quiet),
-    )
+    observers = make_observers(args.track)
+    try:
+        summary = resume_campaign(
+            args.store,
+            name=args.name,
+            budget=args.budget,
+            overrides=session_overrides(args),
+            progress=Progress(enabled=not args.quiet),
+            observers=observers,
+        )
+    finally:
+        observers.close()
     print(summary.render(args.store))
     return 0

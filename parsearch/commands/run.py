@@ -10,6 +10,7 @@ from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_session_arguments, positive_int, session_overrides
 from parsearch.search import STRATEGY_NAMES
+from parsearch.tracking import add_track_argument, make_observers
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "refusing: one command for every job of a chain",
     )
     add_session_arguments(parser, resume=False)
+    add_track_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -87,15 +89,20 @@ def run(args: argparse.Namespace) -> int:
         warm_start_name=args.warm_start_name,
         **given,
     )
-    summary = start_campaign(
-        args.space,
-        args.store,
-        name=args.name,
-        budget=args.budget,
-        seed=args.seed,
-        settings=settings,
-        progress=Progress(enabled=not args.quiet),
-        resume_overrides=given if args.resume else None,
-    )
+    observers = make_observers(args.track)
+    try:
+        summary = start_campaign(
+            args.space,
+            args.store,
+            name=args.name,
+            budget=args.budget,
+            seed=args.seed,
+            settings=settings,
+            progress=Progress(enabled=not args.quiet),
+            resume_overrides=given if args.resume else None,
+            observers=observers,
+        )
+    finally:
+        observers.close()
     print(summary.render(args.store))
     return 0

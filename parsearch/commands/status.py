@@ -9,7 +9,7 @@ from datetime import datetime
 from parsearch.campaign.progress import describe_best, format_duration
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
-from parsearch.query import CampaignProgress, campaign_progress, open_campaign
+from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,39 +29,10 @@ def run(args: argparse.Namespace) -> int:
         progress = campaign_progress(store, campaign)
         others = [c.name for c in store.list_campaigns() if c.id != campaign.id]
     if args.format == "json":
-        print(json.dumps(_document(progress), indent=2))
+        print(json.dumps(status_document(progress), indent=2))
     else:
         print(render_text(progress, others))
     return 0
-
-
-def _document(progress: CampaignProgress) -> dict:
-    campaign, best = progress.campaign, progress.best
-    return {
-        "campaign": campaign.name,
-        "status": campaign.status.value,
-        "budget": campaign.budget,
-        "finished": progress.finished,
-        "failed": progress.failed,
-        "states": {state.value: n for state, n in progress.counts.items()},
-        "eta_s": progress.eta_s,
-        "best": None
-        if best is None
-        else {"trial": best.number, "objective": best.objective, "layout": best.config},
-        "objective_metric": campaign.objective_metric,
-        "backend": campaign.backend,
-        "created_at": campaign.created_at,
-        "finished_at": campaign.finished_at,
-        "driver": None
-        if progress.driver is None
-        else {
-            "host": progress.driver.host,
-            "pid": progress.driver.pid,
-            "since": progress.driver.acquired_at,
-            "silent_s": progress.driver_silent_s,
-            "stale": progress.driver_stale,
-        },
-    }
 
 
 def render_text(progress: CampaignProgress, others: list[str]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size, positive_int
-from parsearch.commands._formats import trial_document
+from parsearch.formats import trial_document
 from parsearch.query import open_campaign
 from parsearch.store import Campaign, TrialRecord
 from parsearch.units import format_bytes

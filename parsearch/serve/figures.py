@@ -1,0 +1,197 @@
+"""The dashboard's figures as data: the report's own tables (:mod:`parsearch.report.data`),
+so a cell of the live heat map and a cell of ``parsearch report``'s PNG are the same number.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from parsearch.report.data import (
+    Accuracy,
+    ReportData,
+    accuracy,
+    convergence,
+    tp_pp_grid,
+)
+from parsearch.serve import views
+from parsearch.serve.views import plain
+from parsearch.space import SearchSpace, space_from_dict
+from parsearch.store import Campaign, SQLiteStore
+
+# The dashboard's table holds the newest trials (a 1T rehearsal may have thousands);
+# /trials serves them all.
+TABLE_ROWS = 2000
+# The estimate's figures the dashboard compares with measurements.
+FIDELITY_METRICS = ("peak_mem_bytes",)
+
+
+@functools.lru_cache(maxsize=32)
+def _space(campaign_id: int, created_at: float, space_json: str, source: str) -> SearchSpace:
+    """A campaign's space never changes once stored: load (and plan) it once per server."""
+    space = space_from_dict(json.loads(space_json), source=source)
+    space.plan()  # cached on the space; the heat map needs it on every poll
+    return space
+
+
+def campaign_space(campaign: Campaign) -> SearchSpace:
+    """The campaign's space, planned (seconds for a 175B space; once per server)."""
+    return _space(
+        campaign.id,
+        campaign.created_at,
+        json.dumps(campaign.space, sort_keys=True),
+        campaign.space_path or campaign.name,
+    )
+
+
+def report_data(store: SQLiteStore, campaign: Campaign) -> ReportData:
+    """The campaign as ``parsearch report`` reads it, from one short read of its trials."""
+    space = campaign_space(campaign)
+    return ReportData(campaign=campaign, space=space, trials=store.dataframe(campaign.id))
+
+
+def convergence_rows(data: ReportData) -> list[dict[str, Any]]:
+    """Best objective after each finished trial, in finish order (``convergence.png``)."""
+    return plain(convergence(data).to_dict(orient="records"))
+
+
+def heatmap(data: ReportData) -> dict[str, Any]:
+    """TP x PP cells with their best objective or why they have none (``tp_pp_heatmap.png``)."""
+    grid = tp_pp_grid(data)
+    best = data.best_layout()
+    return {
+        "tp": plain(list(data.space.dimensions["tp"])),
+        "pp": plain(list(data.space.dimensions["pp"])),
+        "best": None if best is None else {"tp": best.tp, "pp": best.pp},
+        "cells": plain(grid.to_dict(orient="records")),
+    }
+
+
+def _accuracy_document(found: Accuracy) -> dict[str, Any]:
+    return plain(
+        {
+            "metric": found.metric,
+            "n": found.n,
+            "median_ratio": found.median_ratio,
+            "q25_ratio": found.q25_ratio,
+            "q75_ratio": found.q75_ratio,
+            "mean_abs_pct_error": found.mean_abs_pct_error,
+            "spearman": found.spearman,
+            "caption": found.caption(),
+            "pairs": found.pairs.to_dict(orient="records"),
+        }
+    )
+
+
+def fidelity(data: ReportData) -> dict[str, Any]:
+    """Predicted vs measured for the objective and peak memory (``predicted_vs_measured.png``):
+    median measured/predicted ratio, its IQR, mean error and rank correlation."""
+    metrics = dict.fromkeys((data.objective, *FIDELITY_METRICS))
+    return {metric: _accuracy_document(accuracy(data, metric)) for metric in metrics}
+
+
+def figure_bundle(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
+    """Everything the dashboard draws besides the status: best layout in every format,
+    convergence, heat map, Pareto front, fidelity and the trials table."""
+    data = report_data(store, campaign)
+    record = store.best(campaign.id)
+    records = store.trials(campaign.id)
+    return {
+        "objective_label": data.objective_label,
+        "memory_limit_bytes": data.memory_limit_bytes,
+        "best": None if record is None else plain(views.trial_row(record, campaign)),
+        "exports": None if record is None else views.best_exports(record, campaign),
+        "convergence": convergence_rows(data),
+        "heatmap": heatmap(data),
+        "pareto": views.pareto(store, campaign),
+        "fidelity": fidelity(data),
+        "trials": plain([views.trial_row(r, campaign) for r in records[-TABLE_ROWS:]]),
+        "trials_total": len(records),
+    }
+
+
+@dataclass
+class _Entry:
+    fingerprint: tuple
+    bundle: dict[str, Any]
+    computed_at: float
+    refreshing: bool = False
+    _json: str | None = None
+
+    def json_members(self) -> str:
+        """The bundle as JSON object members (no braces), serialised once per bundle:
+        every poller of an unchanged campaign is sent the same text."""
+        if self._json is None:
+            self._json = json.dumps(self.bundle, allow_nan=False)[1:-1]
+        return self._json
+
+
+class FigureCache:
+    """Figure bundles, recomputed when a campaign's trials changed, at most every
+    ``min_age_s``, in the background: a poller gets the last bundle at once.
+
+    The heat map alone takes a quarter of a second of pandas on a 175B space, and a
+    simulated campaign finishes trials many times a second: fifty browsers polling must
+    neither each pay for it nor queue behind it. A change is seen from two indexed queries
+    (the trials' counts by state, which every add, start, finish and interruption moves,
+    and the newest finish time). Only a campaign's first bundle is computed while its
+    requester waits. The page polls every 2 s, so a bundle at most ``min_age_s`` behind
+    is as live as the page can show.
+    """
+
+    def __init__(self, open_store: Callable[[], SQLiteStore], min_age_s: float = 2.0) -> None:
+        self.open_store = open_store
+        self.min_age_s = min_age_s
+        self._lock = threading.Lock()
+        self._first = threading.Lock()  # serialises the first computation of a campaign
+        self._entries: dict[int, _Entry] = {}
+
+    def entry(self, store: SQLiteStore, campaign: Campaign) -> _Entry:
+        fingerprint = _fingerprint(store, campaign)
+        with self._lock:
+            entry = self._entries.get(campaign.id)
+            if entry is not None:
+                young = time.monotonic() - entry.computed_at < self.min_age_s
+                if not (entry.fingerprint == fingerprint or entry.refreshing or young):
+                    entry.refreshing = True
+                    threading.Thread(
+                        target=self._refresh, args=(entry, campaign), daemon=True
+                    ).start()
+                return entry
+        with self._first:
+            with self._lock:
+                entry = self._entries.get(campaign.id)
+            if entry is not None:  # another request computed it meanwhile
+                return entry
+            return self._compute(store, campaign, fingerprint)
+
+    def _refresh(self, stale: _Entry, campaign: Campaign) -> None:
+        try:
+            with self.open_store() as store:
+                self._compute(store, campaign, _fingerprint(store, campaign))
+        except Exception:  # the next poll tries again; the page keeps the last bundle
+            stale.refreshing = False
+            raise
+
+    def _compute(self, store: SQLiteStore, campaign: Campaign, fingerprint: tuple) -> _Entry:
+        entry = _Entry(fingerprint, figure_bundle(store, campaign), time.monotonic())
+        entry.json_members()
+        with self._lock:
+            self._entries[campaign.id] = entry
+        return entry
+
+
+def _fingerprint(store: SQLiteStore, campaign: Campaign) -> tuple:
+    """What changes whenever the campaign's trials do."""
+    counts = store.counts(campaign.id)
+    return (
+        campaign.status,
+        campaign.budget,
+        tuple(sorted((state.value, n) for state, n in counts.items())),
+        tuple(store.recent_finish_times(campaign.id, 1)),
+    )

@@ -1,0 +1,470 @@
+// parsearch serve: the live dashboard. Polls /api/campaigns/NAME/dashboard and draws SVG.
+// No library and no CDN: the page works on a login node that reaches nothing but this server.
+"use strict";
+
+const POLL_RUNNING_MS = 2000;
+const POLL_IDLE_MS = 15000;
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = { ok: "#16a34a", oom: "#dc2626", failed: "#d97706", error: "#d97706",
+                 timeout: "#d97706", infeasible: "#9ca3af", accent: "#2563eb" };
+const params = new URLSearchParams(location.search);
+const token = params.get("token");
+const view = { campaign: params.get("campaign"), data: null, format: null,
+               sort: { key: "trial", asc: true }, stateFilter: "", timer: null };
+
+function reportError(message) {
+  const list = document.getElementById("errors");
+  const item = document.createElement("li");
+  item.textContent = message;
+  list.appendChild(item);
+  list.hidden = false;
+  document.body.dataset.errors = String(list.children.length);
+}
+window.addEventListener("error", (event) => reportError(`script error: ${event.message}`));
+
+async function api(path) {
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const response = await fetch(`api/${path}`, { headers });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+// ---- formatting -------------------------------------------------------------------------
+
+function si(value) {
+  if (value === null || value === undefined) return "–";
+  const abs = Math.abs(value);
+  for (const [unit, size] of [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]]) {
+    if (abs >= size) return `${(value / size).toPrecision(3)}${unit}`;
+  }
+  return abs >= 1 || abs === 0 ? value.toPrecision(3).replace(/\.?0+$/, "") : value.toPrecision(2);
+}
+function bytes(value) {
+  if (value === null || value === undefined) return "–";
+  for (const [unit, size] of [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+    if (Math.abs(value) >= size) return `${(value / size).toPrecision(3)} ${unit}`;
+  }
+  return `${Math.round(value)} B`;
+}
+const GIB = 2 ** 30;
+const gib = (v) => `${si(v)} GiB`;
+function metricText(name, value) {
+  if (value === null || value === undefined) return "–";
+  if (name === "mfu") return `${(100 * value).toFixed(1)}%`;
+  if (name.includes("mem")) return bytes(value);
+  return si(value);
+}
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  const s = Math.round(seconds);
+  if (s < 90) return `${s} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+function el(tag, attrs = {}, text = null) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text !== null) node.textContent = text;
+  return node;
+}
+function clear(id) {
+  const node = document.getElementById(id);
+  node.replaceChildren();
+  return node;
+}
+function message(id, text) {
+  const node = clear(id);
+  const p = document.createElement("p");
+  p.className = "muted";
+  p.textContent = text;
+  node.appendChild(p);
+}
+
+// ---- charts -----------------------------------------------------------------------------
+
+function ticks(lo, hi, count = 5) {
+  if (!(hi > lo)) return [lo];
+  const step0 = (hi - lo) / count;
+  const mag = 10 ** Math.floor(Math.log10(step0));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0);
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9 * step; v += step) out.push(v);
+  return out;
+}
+
+// A plot frame: linear scales over [x0, x1] x [y0, y1] with axes, grid and labels.
+function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, width = 520, height = 300, count = 5 }) {
+  const m = { left: 62, right: 14, top: 10, bottom: 42 };
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
+  const pad = (lo, hi) => (hi > lo ? [lo, hi] : [lo - Math.abs(lo || 1) * 0.1, hi + Math.abs(hi || 1) * 0.1]);
+  const [x0, x1] = pad(x[0], x[1]);
+  const [y0, y1] = pad(y[0], y[1]);
+  const sx = (v) => m.left + ((v - x0) / (x1 - x0)) * (width - m.left - m.right);
+  const sy = (v) => height - m.bottom - ((v - y0) / (y1 - y0)) * (height - m.top - m.bottom);
+  const grid = el("g", { class: "grid" });
+  const axis = el("g", { class: "axis" });
+  for (const t of ticks(y0, y1, count)) {
+    grid.appendChild(el("line", { x1: m.left, x2: width - m.right, y1: sy(t), y2: sy(t) }));
+    axis.appendChild(el("text", { x: m.left - 6, y: sy(t) + 4, "text-anchor": "end" }, yFormat(t)));
+  }
+  for (const t of ticks(x0, x1, count)) {
+    grid.appendChild(el("line", { x1: sx(t), x2: sx(t), y1: m.top, y2: height - m.bottom }));
+    axis.appendChild(el("text", { x: sx(t), y: height - m.bottom + 15, "text-anchor": "middle" }, xFormat(t)));
+  }
+  axis.appendChild(el("path", { d: `M${m.left},${m.top}V${height - m.bottom}H${width - m.right}`, fill: "none" }));
+  axis.appendChild(el("text", { x: (m.left + width - m.right) / 2, y: height - 6, "text-anchor": "middle" }, xLabel));
+  const yl = el("text", { x: 12, y: (m.top + height - m.bottom) / 2, "text-anchor": "middle",
+                          transform: `rotate(-90 12 ${(m.top + height - m.bottom) / 2})` }, yLabel);
+  axis.appendChild(yl);
+  svg.append(grid, axis);
+  container.appendChild(svg);
+  return { svg, sx, sy, m, width, height };
+}
+function extent(values) {
+  const finite = values.filter((v) => v !== null && v !== undefined && Number.isFinite(v));
+  return finite.length ? [Math.min(...finite), Math.max(...finite)] : [0, 1];
+}
+function dot(plot, x, y, color, title, r = 4) {
+  const c = el("circle", { cx: plot.sx(x), cy: plot.sy(y), r, fill: color, "fill-opacity": 0.8 });
+  c.appendChild(el("title", {}, title));
+  plot.svg.appendChild(c);
+}
+
+function drawConvergence(data) {
+  const rows = data.convergence;
+  if (!rows.length) return message("convergence", "no finished trial yet");
+  const node = clear("convergence");
+  const [lo, hi] = extent(rows.map((r) => r.value));
+  const span = hi > lo ? hi - lo : Math.abs(hi) || 1;
+  // Room below the lowest value for the strip of failed trials.
+  const plot = frame(node, { x: [1, Math.max(rows.length, 2)], y: [lo - 0.15 * span, hi + 0.05 * span],
+                             xLabel: "finished trials", yLabel: data.objective_label });
+  let path = "";
+  for (const r of rows) {
+    if (r.best_so_far === null) continue;
+    const x = plot.sx(r.finished);
+    const y = plot.sy(r.best_so_far);
+    path += path ? `H${x}V${y}` : `M${x},${y}`;
+  }
+  if (path) {
+    path += `H${plot.sx(Math.max(rows.length, 2))}`;
+    plot.svg.appendChild(el("path", { d: path, fill: "none", stroke: COLORS.accent, "stroke-width": 2 }));
+  }
+  const strip = plot.height - plot.m.bottom - 4;
+  for (const r of rows) {
+    if (r.value !== null) {
+      dot(plot, r.finished, r.value, COLORS.ok, `#${r.number}: ${si(r.value)}`, 3.5);
+    } else {
+      const mark = el("rect", { x: plot.sx(r.finished) - 2, y: strip - 6, width: 4, height: 8,
+                                fill: COLORS[r.state] || COLORS.failed });
+      mark.appendChild(el("title", {}, `#${r.number}: ${r.state}`));
+      plot.svg.appendChild(mark);
+    }
+  }
+}
+
+const CELL_TEXT = { oom: "OOM", failed: "failed", no_divide: "invalid", predicted_oom: "pred. OOM",
+                    not_run: "not run" };
+const CELL_FILL = { oom: "#fecaca", failed: "#fde68a", no_divide: "#f3f4f6", predicted_oom: "#fee2e2",
+                    not_run: "#ffffff" };
+
+function drawHeatmap(data) {
+  const map = data.heatmap;
+  const node = clear("heatmap");
+  const width = 520;
+  const left = 46, top = 8, bottom = 38;
+  const cw = (width - left - 8) / map.tp.length;
+  const ch = Math.min(42, Math.max(26, 260 / map.pp.length));
+  const height = top + ch * map.pp.length + bottom;
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
+  const values = map.cells.filter((c) => c.kind === "ok").map((c) => c.best);
+  const [lo, hi] = extent(values);
+  const shade = (v) => {
+    const t = hi > lo ? (v - lo) / (hi - lo) : 1;
+    const light = 92 - 52 * t;
+    return `hsl(215, 80%, ${light}%)`;
+  };
+  map.cells.forEach((cell) => {
+    const col = map.tp.indexOf(cell.tp);
+    const row = map.pp.indexOf(cell.pp);
+    const x = left + col * cw;
+    const y = top + row * ch;
+    const best = map.best && map.best.tp === cell.tp && map.best.pp === cell.pp;
+    const rect = el("rect", { x: x + 1, y: y + 1, width: cw - 2, height: ch - 2, rx: 3,
+                              fill: cell.kind === "ok" ? shade(cell.best) : CELL_FILL[cell.kind],
+                              stroke: best ? "#dc2626" : "#e5e7eb", "stroke-width": best ? 2.5 : 1,
+                              class: `cell cell-${cell.kind}` });
+    const why = cell.kind === "ok" ? `${si(cell.best)} (#${cell.best_number})` : CELL_TEXT[cell.kind];
+    rect.appendChild(el("title", {}, `tp ${cell.tp} × pp ${cell.pp}: ${why}; ${cell.trials} trial(s)`));
+    svg.appendChild(rect);
+    const label = cell.kind === "ok" ? si(cell.best) : CELL_TEXT[cell.kind];
+    const dark = cell.kind === "ok" && hi > lo && (cell.best - lo) / (hi - lo) > 0.55;
+    svg.appendChild(el("text", { x: x + cw / 2, y: y + ch / 2, class: "cell-label",
+                                 fill: dark ? "#fff" : cell.kind === "oom" ? "#991b1b" : "#374151" }, label));
+  });
+  map.tp.forEach((tp, i) => svg.appendChild(el("text", { x: left + (i + 0.5) * cw, y: height - bottom + 15,
+                                                         "text-anchor": "middle" }, tp)));
+  map.pp.forEach((pp, i) => svg.appendChild(el("text", { x: left - 8, y: top + (i + 0.5) * ch + 4,
+                                                         "text-anchor": "end" }, pp)));
+  svg.appendChild(el("text", { x: (left + width) / 2, y: height - 6, "text-anchor": "middle" }, "TP"));
+  svg.appendChild(el("text", { x: 10, y: top + (ch * map.pp.length) / 2, "text-anchor": "middle",
+                               transform: `rotate(-90 10 ${top + (ch * map.pp.length) / 2})` }, "PP"));
+  node.appendChild(svg);
+}
+
+function drawPareto(data) {
+  const ok = data.trials.filter((t) => t.state === "ok" && t.metrics.peak_mem_bytes && t.objective.value !== null);
+  if (!ok.length) return message("pareto", "no ok trial with a measured memory yet");
+  const node = clear("pareto");
+  const mems = ok.map((t) => t.metrics.peak_mem_bytes / GIB);
+  const limit = data.memory_limit_bytes / GIB;
+  const [, m1] = extent([...mems, limit]);
+  const [o0, o1] = extent(ok.map((t) => t.objective.value));
+  const plot = frame(node, { x: [0, m1 * 1.05], y: [o0 * 0.9, o1 * 1.05], xLabel: "peak memory per rank",
+                             yLabel: data.objective_label, xFormat: gib });
+  const front = data.pareto.map((t) => t.trial);
+  for (const t of ok) {
+    const on = front.includes(t.trial);
+    dot(plot, t.metrics.peak_mem_bytes / GIB, t.objective.value, on ? COLORS.accent : "#94a3b8",
+        `#${t.trial} ${t.layout_short}: ${si(t.objective.value)}, ${bytes(t.metrics.peak_mem_bytes)}`, on ? 5 : 3.5);
+  }
+  const pts = data.pareto.map((t) => `${plot.sx(t.metrics.peak_mem_bytes / GIB)},${plot.sy(t.objective.value)}`);
+  if (pts.length > 1) {
+    plot.svg.appendChild(el("polyline", { points: pts.join(" "), fill: "none", stroke: COLORS.accent,
+                                          "stroke-width": 1.5, "stroke-dasharray": "4 3" }));
+  }
+  if (limit) {
+    const x = plot.sx(limit);
+    plot.svg.appendChild(el("line", { x1: x, x2: x, y1: plot.m.top, y2: plot.height - plot.m.bottom,
+                                      stroke: COLORS.oom, "stroke-dasharray": "5 4" }));
+    plot.svg.appendChild(el("text", { x: x - 4, y: plot.height - plot.m.bottom - 6, "text-anchor": "end",
+                                      fill: COLORS.oom }, `limit ${gib(limit)}`));
+  }
+}
+
+function drawFidelity(data, metric, id, label) {
+  const fit = data.fidelity[metric];
+  const caption = document.getElementById(`${id}-caption`);
+  caption.textContent = fit ? fit.caption : "";
+  if (!fit || !fit.n) return message(id, `${label}: nothing to compare yet`);
+  const node = clear(id);
+  const memory = metric.includes("mem");
+  const unit = memory ? GIB : 1;
+  const pairs = fit.pairs.map((p) => ({ ...p, predicted: p.predicted / unit, measured: p.measured / unit }));
+  const [lo, hi] = extent(pairs.flatMap((p) => [p.predicted, p.measured]));
+  const fmt = memory ? gib : si;
+  const plot = frame(node, { x: [lo * 0.9, hi * 1.05], y: [lo * 0.9, hi * 1.05], xLabel: `predicted ${label}`,
+                             yLabel: "measured", xFormat: fmt, yFormat: fmt, width: 300, height: 250, count: 4 });
+  plot.svg.appendChild(el("line", { x1: plot.sx(lo * 0.9), y1: plot.sy(lo * 0.9), x2: plot.sx(hi * 1.05),
+                                    y2: plot.sy(hi * 1.05), stroke: "#9ca3af", "stroke-dasharray": "4 3" }));
+  for (const p of pairs) {
+    dot(plot, p.predicted, p.measured, COLORS.accent, `#${p.number}: ratio ${p.ratio.toFixed(2)}`, 3);
+  }
+}
+
+// ---- cards and table --------------------------------------------------------------------
+
+function drawProgress(data) {
+  const s = data.status;
+  const pill = document.getElementById("campaign-status");
+  pill.textContent = s.status;
+  pill.className = `pill ${s.status}`;
+  const share = s.budget ? Math.min(1, s.finished / s.budget) : 0;
+  document.getElementById("progress-bar").style.width = `${(100 * share).toFixed(1)}%`;
+  document.getElementById("progress-text").textContent =
+    `${s.finished} / ${s.budget ?? "?"} trials (${Math.round(100 * share)}%)`;
+  const chips = clear("states");
+  for (const [state, n] of Object.entries(s.states)) {
+    if (!n) continue;
+    const chip = document.createElement("span");
+    chip.className = `chip ${state}`;
+    chip.textContent = state;
+    const count = document.createElement("b");
+    count.textContent = n;
+    chip.appendChild(count);
+    chips.appendChild(chip);
+  }
+  document.getElementById("eta").textContent =
+    s.eta_s !== null ? `ETA ${duration(s.eta_s)} at the recent rate` : s.status === "running" ? "ETA after a few trials" : "";
+  const d = s.driver;
+  document.getElementById("driver").textContent = d
+    ? `driver pid ${d.pid} on ${d.host}, heartbeat ${duration(d.silent_s)} ago${d.stale ? " — seems dead: parsearch resume takes over" : ""}`
+    : `backend ${s.backend}`;
+}
+
+function drawBest(data) {
+  const best = data.best;
+  const tabs = clear("export-tabs");
+  const text = document.getElementById("export-text");
+  if (!best) {
+    document.getElementById("best-value").textContent = "no successful trial yet";
+    document.getElementById("best-layout").textContent = "";
+    document.getElementById("best-detail").textContent = "";
+    text.textContent = "";
+    return;
+  }
+  document.getElementById("best-value").textContent =
+    `${metricText(best.objective.metric, best.objective.value)} ${data.objective_label}`;
+  document.getElementById("best-layout").textContent = `${best.layout_short}  (trial #${best.trial})`;
+  const m = best.metrics;
+  const p = best.predicted || {};
+  document.getElementById("best-detail").textContent =
+    `MFU ${metricText("mfu", m.mfu)} · step ${si(m.step_time_s)} s · memory/rank ${bytes(m.peak_mem_bytes)} ` +
+    `(predicted ${bytes(p.peak_mem_bytes)})`;
+  const names = Object.keys(data.exports);
+  if (!names.includes(view.format)) view.format = names.includes("megatron") ? "megatron" : names[0];
+  for (const name of names) {
+    const button = document.createElement("button");
+    button.textContent = name;
+    button.className = name === view.format ? "active" : "";
+    button.addEventListener("click", () => { view.format = name; drawBest(view.data); });
+    tabs.appendChild(button);
+  }
+  const chosen = data.exports[view.format];
+  text.textContent = chosen.text ?? `not expressible: ${chosen.error}`;
+}
+
+const COLUMNS = [
+  ["trial", "#", (t) => t.trial, true],
+  ["state", "state", (t) => t.state, false],
+  ["layout", "layout", (t) => t.layout_short, false],
+  ["objective", "objective", (t) => t.objective.value, true],
+  ["predicted", "predicted", (t) => (t.predicted || {})[t.objective.metric] ?? null, true],
+  ["mfu", "MFU", (t) => t.metrics.mfu ?? null, true],
+  ["mem", "memory/rank", (t) => t.metrics.peak_mem_bytes ?? null, true],
+  ["duration", "duration", (t) => t.duration_s, true],
+  ["reason", "failure reason", (t) => t.error || "", false],
+];
+
+function drawTrials(data) {
+  const head = document.querySelector("#trials thead tr");
+  if (!head.children.length) {
+    for (const [key, title] of COLUMNS) {
+      const th = document.createElement("th");
+      th.textContent = title;
+      th.dataset.key = key;
+      th.addEventListener("click", () => {
+        view.sort = { key, asc: view.sort.key === key ? !view.sort.asc : key === "trial" };
+        drawTrials(view.data);
+      });
+      head.appendChild(th);
+    }
+  }
+  for (const th of head.children) {
+    th.className = th.dataset.key === view.sort.key ? `sorted ${view.sort.asc ? "asc" : ""}` : "";
+  }
+  const column = COLUMNS.find(([key]) => key === view.sort.key);
+  const rows = data.trials.filter((t) => !view.stateFilter || t.state === view.stateFilter);
+  rows.sort((a, b) => {
+    const va = column[2](a);
+    const vb = column[2](b);
+    if (va === vb) return a.trial - b.trial;
+    if (va === null || va === undefined) return 1;
+    if (vb === null || vb === undefined) return -1;
+    const order = va < vb ? -1 : 1;
+    return view.sort.asc ? order : -order;
+  });
+  const body = document.querySelector("#trials tbody");
+  const fragment = document.createDocumentFragment();
+  for (const t of rows) {
+    const tr = document.createElement("tr");
+    tr.className = `state-${t.state}`;
+    const cells = [
+      [t.trial, "num"], [t.state, "state"], [t.layout_short, "mono"],
+      [metricText(t.objective.metric, t.objective.value), "num"],
+      [metricText(t.objective.metric, (t.predicted || {})[t.objective.metric]), "num"],
+      [metricText("mfu", t.metrics.mfu), "num"], [bytes(t.metrics.peak_mem_bytes ?? null), "num"],
+      [duration(t.duration_s), "num"], [t.error || "", "reason"],
+    ];
+    for (const [value, cls] of cells) {
+      const td = document.createElement("td");
+      td.textContent = value;
+      td.className = cls;
+      tr.appendChild(td);
+    }
+    tr.addEventListener("click", () => showTrial(t.trial));
+    fragment.appendChild(tr);
+  }
+  body.replaceChildren(fragment);
+  document.getElementById("trials-note").textContent = data.trials_total > data.trials.length
+    ? `the newest ${data.trials.length} of ${data.trials_total}; /api/campaigns/NAME/trials has all`
+    : "";
+  const filter = document.getElementById("state-filter");
+  const states = [...new Set(data.trials.map((t) => t.state))].sort();
+  const have = [...filter.options].map((o) => o.value);
+  for (const state of states) {
+    if (!have.includes(state)) filter.appendChild(new Option(state, state));
+  }
+}
+
+async function showTrial(number) {
+  try {
+    const t = await api(`campaigns/${encodeURIComponent(view.campaign)}/trials/${number}`);
+    document.getElementById("trial-detail").hidden = false;
+    document.getElementById("trial-detail-title").textContent =
+      `trial #${t.trial}: ${t.state} · ${t.layout_short}${t.error ? ` · ${t.error}` : ""}`;
+    document.getElementById("trial-detail-log").textContent = t.log_tail || "(no log)";
+  } catch (error) {
+    reportError(`trial #${number}: ${error.message}`);
+  }
+}
+
+// ---- the loop ---------------------------------------------------------------------------
+
+function draw(data) {
+  drawProgress(data);
+  drawBest(data);
+  drawConvergence(data);
+  drawHeatmap(data);
+  drawPareto(data);
+  drawFidelity(data, data.campaign.objective_metric, "fidelity-objective", data.objective_label);
+  drawFidelity(data, "peak_mem_bytes", "fidelity-memory", "memory/rank");
+  drawTrials(data);
+}
+
+async function refresh() {
+  clearTimeout(view.timer);
+  let wait = POLL_IDLE_MS;
+  try {
+    const data = await api(`campaigns/${encodeURIComponent(view.campaign)}/dashboard`);
+    view.data = data;
+    const option = [...document.getElementById("campaign").options].find((o) => o.value === view.campaign);
+    if (option) option.textContent = `${view.campaign} (${data.status.status})`;
+    draw(data);
+    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    document.body.dataset.state = "ready";
+    document.body.dataset.finished = String(data.status.finished);
+    if (data.status.status === "running" || data.status.status === "created") wait = POLL_RUNNING_MS;
+  } catch (error) {
+    document.getElementById("updated").textContent = `update failed: ${error.message}`;
+    wait = POLL_RUNNING_MS;
+  }
+  view.timer = setTimeout(refresh, wait);
+}
+
+async function start() {
+  if (token) document.getElementById("openapi-link").href = `openapi.json?token=${encodeURIComponent(token)}`;
+  const campaigns = await api("campaigns");
+  const select = document.getElementById("campaign");
+  for (const c of campaigns) select.appendChild(new Option(`${c.name} (${c.status})`, c.name));
+  if (!campaigns.length) {
+    document.body.dataset.state = "empty";
+    reportError("the store holds no campaign yet");
+    return;
+  }
+  if (!campaigns.some((c) => c.name === view.campaign)) view.campaign = campaigns[0].name;
+  select.value = view.campaign;
+  select.addEventListener("change", () => {
+    view.campaign = select.value;
+    document.getElementById("trial-detail").hidden = true;
+    refresh();
+  });
+  document.getElementById("state-filter").addEventListener("change", (event) => {
+    view.stateFilter = event.target.value;
+    if (view.data) drawTrials(view.data);
+  });
+  await refresh();
+}
+
+start().catch((error) => reportError(`cannot load the campaigns: ${error.message}`));

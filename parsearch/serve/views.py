@@ -1,0 +1,250 @@
+"""What ``parsearch serve`` answers, as plain JSON-ready data, computed from a read-only store.
+
+No web framework here: each function opens the store read-only for one short read (so the
+driver is never blocked for longer than a query, and a store on a shared filesystem works
+from a login node), and returns the same figures the CLI prints: ``status`` is
+``parsearch status --format json``, ``best`` and ``top`` are ``parsearch best/top --format
+json``, the figures' tables are :mod:`parsearch.report.data`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from parsearch.errors import ParsearchError
+from parsearch.formats import format_layout, trial_document
+from parsearch.query import campaign_progress, status_document
+from parsearch.result import TrialState
+from parsearch.store import Campaign, SQLiteStore, TrialRecord, open_store
+from parsearch.trainer_flags import EXPORTERS
+from parsearch.units import parse_bytes
+
+# Layout fields a trials query may filter on, and how their values are read.
+INT_FILTERS = ("tp", "pp", "dp", "mbs", "gas", "zero_stage", "vpp")
+TEXT_FILTERS = ("recompute",)
+BOOL_FILTERS = ("sequence_parallel",)
+TRIAL_FILTERS = ("state", *INT_FILTERS, *TEXT_FILTERS, *BOOL_FILTERS)
+PAGE_PARAMS = ("limit", "offset")
+
+
+class NotFound(ParsearchError):
+    """An unknown campaign or trial (HTTP 404)."""
+
+
+class BadRequest(ParsearchError):
+    """A malformed query parameter (HTTP 400)."""
+
+    exit_code = 2
+
+
+def plain(value: Any) -> Any:
+    """``value`` as strict JSON: NaN and infinities become null, numpy scalars Python ones."""
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is not None and type(value).__name__ in ("NAType", "NaTType"):
+        return None
+    return value
+
+
+class StoreReader:
+    """Opens the store read-only for each question, and closes it at once.
+
+    A connection held open between requests would keep a file descriptor (and, on some
+    network filesystems, a cached lock state) on the driver's file for the server's whole
+    life; one per request costs well under a millisecond.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+
+    def open(self) -> SQLiteStore:
+        return open_store(self.path, readonly=True)
+
+    def campaigns(self) -> list[dict[str, Any]]:
+        with self.open() as store:
+            found = store.list_campaigns()
+        return [campaign_summary(c) for c in sorted(found, key=lambda c: -c.created_at)]
+
+
+def campaign_summary(campaign: Campaign) -> dict[str, Any]:
+    return {
+        "name": campaign.name,
+        "status": campaign.status.value,
+        "budget": campaign.budget,
+        "backend": campaign.backend,
+        "objective_metric": campaign.objective_metric,
+        "created_at": campaign.created_at,
+        "finished_at": campaign.finished_at,
+    }
+
+
+def find_campaign(store: SQLiteStore, name: str) -> Campaign:
+    """The campaign called ``name``, or :class:`NotFound` listing the store's campaigns."""
+    campaigns = store.list_campaigns()
+    for campaign in campaigns:
+        if campaign.name == name:
+            return campaign
+    names = ", ".join(repr(c.name) for c in campaigns) or "none"
+    raise NotFound(f"no campaign {name!r} in store {store.path}; campaigns: {names}")
+
+
+def status(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
+    """``parsearch status --format json``."""
+    return plain(status_document(campaign_progress(store, campaign)))
+
+
+def memory_cap(text: str | None) -> int | None:
+    """``max_mem=60GiB`` (or bytes) as bytes."""
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise BadRequest(f"query parameter 'max_mem': {error}") from None
+
+
+def best(store: SQLiteStore, campaign: Campaign, max_mem: str | None = None) -> dict[str, Any]:
+    """``parsearch best --format json``; :class:`NotFound` before the first success."""
+    cap = memory_cap(max_mem)
+    record = store.best(campaign.id, max_mem_bytes=cap)
+    if record is None:
+        within = f" within max_mem={max_mem}" if cap is not None else ""
+        raise NotFound(f"campaign '{campaign.name}' has no successful trial{within} yet")
+    return plain(trial_document(record, campaign))
+
+
+def best_exports(record: TrialRecord, campaign: Campaign) -> dict[str, dict[str, str | None]]:
+    """The best layout in every trainer's format (``parsearch best --format F``); a layout
+    a trainer cannot express carries the reason instead of text."""
+    exports: dict[str, dict[str, str | None]] = {}
+    for name in ("yaml", *EXPORTERS):
+        try:
+            exports[name] = {"text": format_layout(record, campaign, name), "error": None}
+        except ParsearchError as error:
+            exports[name] = {"text": None, "error": str(error)}
+    return exports
+
+
+def top(
+    store: SQLiteStore, campaign: Campaign, k: int, max_mem: str | None = None
+) -> list[dict[str, Any]]:
+    """``parsearch top -k K --format json``."""
+    if k < 1:
+        raise BadRequest(f"query parameter 'k' must be >= 1, got {k}")
+    records = store.top(campaign.id, k, max_mem_bytes=memory_cap(max_mem))
+    return plain([trial_document(r, campaign) for r in records])
+
+
+def pareto(store: SQLiteStore, campaign: Campaign) -> list[dict[str, Any]]:
+    """The store's Pareto front (objective up, peak memory down), ordered by memory."""
+    return plain([trial_document(r, campaign) for r in store.pareto(campaign.id)])
+
+
+@dataclass(frozen=True)
+class TrialFilter:
+    """Which trials a ``/trials`` query wants: states and layout values, each a set."""
+
+    states: frozenset[TrialState] | None
+    layout: Mapping[str, frozenset[Any]]
+    limit: int | None = None
+    offset: int = 0
+
+    def matches(self, record: TrialRecord) -> bool:
+        return all(record.config.get(name) in values for name, values in self.layout.items())
+
+
+def trial_filter(params: Mapping[str, str]) -> TrialFilter:
+    """Parse ``state=ok,oom&tp=2,4&recompute=full&limit=50``; :class:`BadRequest` names the
+    parameter and what is valid."""
+    unknown = sorted(set(params) - {*TRIAL_FILTERS, *PAGE_PARAMS, "token"})
+    if unknown:
+        raise BadRequest(
+            f"unknown query parameter(s) {', '.join(unknown)}; valid: "
+            f"{', '.join((*TRIAL_FILTERS, *PAGE_PARAMS))}"
+        )
+    states = None
+    if "state" in params:
+        valid = [s.value for s in TrialState]
+        wanted = _values(params, "state")
+        bad = [s for s in wanted if s not in valid]
+        if bad:
+            raise BadRequest(f"query parameter 'state': {bad[0]!r} is not one of {valid}")
+        states = frozenset(TrialState(s) for s in wanted)
+    layout: dict[str, frozenset[Any]] = {}
+    for name in INT_FILTERS:
+        if name in params:
+            layout[name] = frozenset(_integer(name, v) for v in _values(params, name))
+    for name in TEXT_FILTERS:
+        if name in params:
+            layout[name] = frozenset(_values(params, name))
+    for name in BOOL_FILTERS:
+        if name in params:
+            layout[name] = frozenset(_boolean(name, v) for v in _values(params, name))
+    limit = _integer("limit", params["limit"]) if "limit" in params else None
+    offset = _integer("offset", params["offset"]) if "offset" in params else 0
+    if (limit is not None and limit < 1) or offset < 0:
+        raise BadRequest("query parameters 'limit' must be >= 1 and 'offset' >= 0")
+    return TrialFilter(states=states, layout=layout, limit=limit, offset=offset)
+
+
+def _values(params: Mapping[str, str], name: str) -> list[str]:
+    values = [v.strip() for v in params[name].split(",") if v.strip()]
+    if not values:
+        raise BadRequest(f"query parameter {name!r} is empty; give one value or a comma list")
+    return values
+
+
+def _integer(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r}: expected an integer, got {text!r}") from None
+
+
+def _boolean(name: str, text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"query parameter {name!r}: expected true or false, got {text!r}")
+
+
+def trial_row(record: TrialRecord, campaign: Campaign) -> dict[str, Any]:
+    """A trial for the table: its document, short layout, times and why it failed."""
+    return {
+        **trial_document(record, campaign),
+        "layout_short": record.layout.short(),
+        "origin": record.origin,
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "error": record.error,
+    }
+
+
+def trials(store: SQLiteStore, campaign: Campaign, wanted: TrialFilter) -> list[dict[str, Any]]:
+    """The campaign's trials in order of number, filtered."""
+    records = store.trials(campaign.id, states=wanted.states)
+    chosen = [r for r in records if wanted.matches(r)]
+    end = None if wanted.limit is None else wanted.offset + wanted.limit
+    return plain([trial_row(r, campaign) for r in chosen[wanted.offset : end]])
+
+
+def trial(store: SQLiteStore, campaign: Campaign, number: int) -> dict[str, Any]:
+    """One trial whole: its row, key, hosts and the tail of its log."""
+    for record in store.trials(campaign.id):
+        if record.number == number:
+            return plain(
+                {**trial_row(record, campaign), "key": record.key, "log_tail": record.log_tail}
+            )
+    raise NotFound(f"campaign '{campaign.name}' has no trial #{number}")
