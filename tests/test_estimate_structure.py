@@ -50,7 +50,15 @@ def test_zero3_moves_weights_every_micro_batch_and_hides_at_most_its_compute():
 def test_zero3_holds_gathered_and_prefetched_layers():
     layout = ParallelLayout(tp=2, pp=1, dp=8, mbs=1, gas=1, zero_stage=3)
     (stage,) = memory_by_stage(SMALL, layout, EstimateSettings())
-    assert stage.workspace == pytest.approx(3 * layer_params(SMALL) / 2 * 2)
+    layer = layer_params(SMALL) / 2  # under both of DeepSpeed's limits: whole layers
+    assert stage.workspace == pytest.approx(3 * layer * 2)
+    big = ModelSpec(
+        num_layers=2, hidden_size=20480, num_heads=128, vocab_size=51200, seq_length=2048
+    )
+    (capped,) = memory_by_stage(
+        big, ParallelLayout(1, 1, 8, 1, 1, zero_stage=3), EstimateSettings()
+    )
+    assert capped.workspace == pytest.approx((1e9 + 5e8) * 2)  # live-parameter and bucket caps
 
 
 def test_last_stage_runs_the_logits_and_sets_the_pace():

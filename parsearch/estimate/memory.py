@@ -188,14 +188,22 @@ def embedding_activation_bytes(
     return 8 * tokens + mask
 
 
+# DeepSpeed's ZeRO-3 defaults (``stage3_max_live_parameters``, ``reduce_bucket_size``):
+# how many gathered parameters may be alive at once, and the gradient bucket's elements.
+ZERO3_MAX_LIVE_PARAMS = 1e9
+ZERO3_REDUCE_BUCKET = 5e8
+
+
 def zero3_buffer_bytes(
     model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
 ) -> float:
     """ZeRO-3's transient full-size copies: the layer being computed and the one prefetched
-    behind it, gathered in the weights' precision, and one layer's gradient before its
-    reduce-scatter."""
+    behind it, gathered in the weights' precision (at most DeepSpeed's live-parameter limit),
+    and a gradient bucket (at most one layer) before its reduce-scatter."""
     weight_b = _STATE_BYTES[settings.precision][0]
-    return 3 * layer_params(model) / layout.tp * weight_b
+    layer = layer_params(model) / layout.tp
+    gathered = min(2 * layer, ZERO3_MAX_LIVE_PARAMS)
+    return (gathered + min(layer, ZERO3_REDUCE_BUCKET)) * weight_b
 
 
 def _with_baseline(estimate: MemoryEstimate, settings: EstimateSettings) -> MemoryEstimate:

@@ -24,6 +24,7 @@ from parsearch.estimate.flops import (
 )
 from parsearch.estimate.memory import (
     _ACTIVATION_BYTES,
+    _STATE_BYTES,
     EstimateSettings,
     MemoryEstimate,
     memory_per_rank,
@@ -166,6 +167,24 @@ def gemm_efficiency(model: ModelSpec, layout: ParallelLayout, settings: Estimate
     return work / sum(macs / _curve(out, settings) for macs, out in gemms)
 
 
+def unfused_softmax_bytes(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Memory traffic of one layer's attention softmax (and its dropout) for one micro-batch
+    on one TP rank, without flash attention: every one of the ``b·a/t·s²`` scores is read and
+    written by the fused scale-mask-softmax, and again by the dropout (plus its 1-byte mask),
+    forward; backward reads the gradient and the probabilities and writes a gradient, and the
+    dropout's backward reads the mask. Recompute (selective or full) runs the forward again.
+    Memory-bound, so it costs small models, whose GEMMs per score are few, the most."""
+    e = _ACTIVATION_BYTES[settings.precision]
+    scores = layout.mbs * model.num_heads / layout.tp * model.seq_length**2
+    dropout = settings.dropout
+    forward = 2 * e + (2 * e + 1 if dropout else 0)
+    backward = 3 * e + (2 * e + 1 if dropout else 0)
+    forwards = 2 if layout.recompute in ("selective", "full") else 1
+    return scores * (forwards * forward + backward)
+
+
 def stage_compute_s(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -183,6 +202,10 @@ def stage_compute_s(
     layer_s = per_mb["matmul"] / layers / t / (peak * gemm_efficiency(model, layout, settings))
     layer_s += per_mb["attention"] / layers / t / (peak * attention_eff)
     logits_s = per_mb["logits"] / t / (peak * logits_eff)
+    if not settings.flash_attention:
+        layer_s += unfused_softmax_bytes(model, layout, settings) / (
+            allocation.memory_bandwidth_bytes_per_s
+        )
     per_stage = layers // layout.pp * layer_s
     return [per_stage + (logits_s if stage == layout.pp - 1 else 0.0) for stage in range(layout.pp)]
 
@@ -216,13 +239,23 @@ def _dp_exposed_s(
     )
     stage_params = model.num_layers // layout.pp * layer_params(model) / tp
     stage_params += max(embedding_params(model), head_params(model)) / tp / layout.pp
-    size = stage_params * (4 if settings.precision == "fp32" else 2)
+    weight_b, grad_b, _ = _STATE_BYTES[settings.precision]
     if layout.zero_stage >= 3:
-        gathers = 2 * collective_s("all-gather", size, dp, kind, bandwidth, settings)
-        traffic = gathers + collective_s("reduce-scatter", size, dp, kind, bandwidth, settings)
+        # One gather / reduce-scatter per layer (the unit ZeRO-3 fetches), each paying the
+        # ring's latency, plus one for the embedding or output layer.
+        layers = model.num_layers // layout.pp
+        pieces = [layer_params(model) / tp] * layers + [
+            stage_params - layers * layer_params(model) / tp
+        ]
+        traffic = 0.0
+        for params in pieces:
+            size = params * weight_b
+            traffic += 2 * collective_s("all-gather", size, dp, kind, bandwidth, settings)
+            traffic += collective_s("reduce-scatter", size, dp, kind, bandwidth, settings)
         hidden = settings.dp_overlap * min(traffic, slot_compute)
         return layout.gas * (traffic - hidden)
-    traffic = collective_s("all-reduce", size, dp, kind, bandwidth, settings)
+    # The gradients are reduced in the precision they are accumulated in (fp32 main grads).
+    traffic = collective_s("all-reduce", stage_params * grad_b, dp, kind, bandwidth, settings)
     backward = slot_compute * 2 / 3
     return traffic - settings.dp_overlap * min(traffic, backward)
 
