@@ -17,6 +17,7 @@ from parsearch.errors import ParsearchError
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
 COMMAND_MODULES: tuple[str, ...] = (
     "plan",
+    "probe",
     "run",
     "resume",
     "status",

@@ -152,7 +152,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
         point = read.mapping(
             item,
             where,
-            ("tp", "mbs", "seq", "efficiency", "tflops"),
+            ("tp", "mbs", "seq", "efficiency", "seconds", "with_tp_seconds"),
             ("tp", "mbs", "seq", "efficiency"),
         )
         gemm.append(
@@ -166,7 +166,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
     collectives = []
     for index, item in enumerate(read.items(top["collectives"], "collectives")):
         where = f"collectives[{index}]"
-        keys = ("kind", "op", "group_size", "latency", "bandwidth", "sizes", "times")
+        keys = ("kind", "op", "group_size", "latency", "bandwidth", "sizes", "times", "measured")
         fit = read.mapping(item, where, keys, keys[:5])
         collectives.append(
             CollectiveFit(

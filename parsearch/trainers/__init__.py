@@ -11,10 +11,11 @@ multi-node trial's results with :func:`merge_results`, so they need not know the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from parsearch.agent import NodeRun
+from parsearch.agent import RESULT_FILE, SPEC_FILE, NodeRun
 from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
@@ -30,7 +31,23 @@ def node_run(
     env: Mapping[str, str] | None = None,
     grace_s: float = 3.0,
 ) -> NodeRun:
-    """A not-yet-started run of one node of ``spec``, for its trainer kind."""
+    """A not-yet-started run of one node of ``spec``, for its trainer kind (a machine probe,
+    :mod:`parsearch.probe`, runs as a trial whose ranks run the probe program)."""
+    if spec.trainer.get("kind") == "probe":
+        command = [sys.executable, "-m", "parsearch.probe.rank", "--spec"]
+        command += [str(Path(trial_dir).resolve() / SPEC_FILE)]
+        command += ["--out", str(Path(trial_dir).resolve() / RESULT_FILE)]
+        return NodeRun(
+            spec,
+            node_rank,
+            nnodes,
+            master_addr,
+            master_port,
+            trial_dir,
+            command=command,
+            env=dict(env or {}),
+            grace_s=grace_s,
+        )
     if spec.trainer.get("kind") == "command":
         from parsearch.trainers.command import CommandNodeRun
 
