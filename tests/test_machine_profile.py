@@ -16,7 +16,13 @@ from parsearch.estimate import EstimateSettings, memory_per_rank, predict
 from parsearch.estimate.machine import CollectiveFit, GemmPoint, MachineProfile, MemoryBaseline
 from parsearch.estimate.timing import gemm_efficiency, tp_allreduce_s
 from parsearch.probe.fit import alpha_beta
-from parsearch.probe.profile import apply_profile, load_profile, with_machine
+from parsearch.probe.profile import (
+    apply_profile,
+    load_profile,
+    profile_from_dict,
+    profile_to_dict,
+    with_machine,
+)
 from parsearch.space import load_space
 from parsearch.store import open_store
 
@@ -164,7 +170,13 @@ def test_campaign_records_the_profile_it_used(tmp_path):
     out = tmp_path / "report"
     assert main(["report", "--store", str(store_path), "--out", str(out)]) == 0
     assert "machine profile test-machine" in (out / "index.html").read_text()
-    assert main(["resume", "--store", str(store_path), "--budget", "2", "--quiet"]) == 0
+
+
+def test_stored_profile_reads_back_as_it_was(tmp_path):
+    """A resumed campaign rebuilds its profile from the campaign's settings."""
+    profile = load_profile(write(tmp_path / "m.yaml", PROFILE))
+    again = profile_from_dict(profile_to_dict(profile), source=profile.path)
+    assert again == profile
 
 
 def test_mismatched_space_error_is_a_space_error(tmp_path):

@@ -45,22 +45,26 @@ def space_file(tmp_path: Path) -> Path:
 def test_plan_covers_the_shapes_and_groups_of_the_layouts(space_file):
     plan = plan_for(load_space(space_file))
     assert set(plan.gemm_shapes) == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    (pattern,) = plan.patterns  # TP 2 and DP 2 are the same two ranks on one node
-    assert (pattern.kind, pattern.size, pattern.groups(2)) == ("tp-intra-node", 2, [[0, 1]])
+    # TP all-reduces are timed in situ with the layer; DP 2 gets its own all-reduces.
+    (pattern,) = plan.patterns
+    assert (pattern.kind, pattern.size, pattern.groups(2)) == ("dp-intra-node", 2, [[0, 1]])
+    assert pattern.ops == ("all-reduce",)
     assert plan.p2p_sizes and min(plan.p2p_sizes) == 4096
 
 
 @pytest.mark.multiprocess
 def test_probe_writes_a_profile_the_estimate_uses(space_file, tmp_path, capsys):
     out = tmp_path / "machine.yaml"
-    assert main(["probe", str(space_file), "--out", str(out), "--timeout", "120"]) == 0
+    args = ["probe", str(space_file), "--out", str(out), "--timeout", "120", "--rounds", "1"]
+    assert main(args) == 0
     progress = capsys.readouterr().err
     assert "layer tp=2 mbs=2" in progress and "all-reduce" in progress
     profile = load_profile(out)
     assert {(p.tp, p.mbs) for p in profile.gemm} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert all(0 < p.efficiency <= 1 for p in profile.gemm)
     kinds = {(fit.kind, fit.op) for fit in profile.collectives}
-    assert ("tp-intra-node", "all-reduce") in kinds and ("pp-p2p", "send-recv") in kinds
+    assert {("tp-intra-node", "all-reduce"), ("dp-intra-node", "all-reduce")} <= kinds
+    assert ("pp-p2p", "send-recv") in kinds
     for fit in profile.collectives:
         assert fit.alpha_s >= 0 and fit.beta_s_per_byte > 0
     raw = yaml.safe_load(out.read_text())

@@ -8,6 +8,7 @@ come back in the trial's result and are fitted here into a machine profile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -18,9 +19,10 @@ from pathlib import Path
 import yaml
 
 from parsearch.backends import BACKENDS, create_backend, parse_options, serve_if_worker
+from parsearch.campaign.arguments import positive_int
 from parsearch.errors import BackendError, ParsearchError
 from parsearch.probe.fit import fit_profile, tp_in_situ
-from parsearch.probe.plan import plan_for, probe_spec
+from parsearch.probe.plan import ProbePlan, plan_for, probe_spec
 from parsearch.probe.profile import profile_to_dict
 from parsearch.space import load_space
 
@@ -52,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help=f"give up on the probe after SECONDS (default {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=ProbePlan.rounds,
+        help=f"times each layer shape is measured, the median kept (default {ProbePlan.rounds}; "
+        "more on a noisy shared machine)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=run)
 
@@ -61,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     space = load_space(args.space)
     try:
-        plan = plan_for(space)
+        plan = dataclasses.replace(plan_for(space), rounds=args.rounds)
     except ValueError as error:
         raise ParsearchError(f"{args.space}: {error}") from None
     options = parse_options(args.backend_opt)
@@ -113,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         entry["sizes"] = raw["sizes"]
         entry["times"] = [float(f"{t:.4g}") for t in raw["times"]]
         if raw.get("in_situ"):
-            entry["measured"] = "in situ: a layer with its 4 all-reduces minus one without"
+            entry["measured"] = "in situ: the trainer's TP layer minus a shard without comms, /4"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     took = time.monotonic() - began

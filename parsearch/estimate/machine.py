@@ -13,7 +13,13 @@ import math
 from dataclasses import dataclass
 
 # Where a collective's group lies on the allocation; the estimate picks one per group.
-GROUP_KINDS = ("tp-intra-node", "tp-spanning-nodes", "dp-across-nodes", "pp-p2p")
+GROUP_KINDS = (
+    "tp-intra-node",
+    "tp-spanning-nodes",
+    "dp-intra-node",
+    "dp-across-nodes",
+    "pp-p2p",
+)
 COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "send-recv")
 
 

@@ -231,7 +231,7 @@ def _dp_exposed_s(
         return 0.0
     per_node = allocation.devices_per_node
     across = tp * dp > per_node
-    kind = "dp-across-nodes" if across else "tp-intra-node"
+    kind = "dp-across-nodes" if across else "dp-intra-node"
     bandwidth = (
         allocation.inter_node_bandwidth_bytes_per_s
         if across

@@ -53,8 +53,9 @@ class ProbePlan:
     patterns: tuple[GroupPattern, ...]
     p2p_sizes: tuple[int, ...]
     peak_flops_per_device: float
-    min_time_s: float = 0.05
-    rounds: int = 3
+    min_time_s: float = 0.02
+    rounds: int = 5
+    collective_rounds: int = 3
     repeats: dict[str, int] = field(default_factory=lambda: {"warmup": 1, "max": 30})
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +80,7 @@ class ProbePlan:
             peak_flops_per_device=float(data["peak_flops_per_device"]),
             min_time_s=float(data["min_time_s"]),
             rounds=int(data["rounds"]),
+            collective_rounds=int(data["collective_rounds"]),
             repeats=dict(data["repeats"]),
         )
 
@@ -107,22 +109,23 @@ def plan_for(space: SearchSpace) -> ProbePlan:
         layout.mbs: model.seq_length * layout.mbs * model.hidden_size * e for layout in layouts
     }
     gemm_shapes = sorted({(layout.tp, layout.mbs) for layout in layouts})
-    ops = ("all-reduce", "all-gather", "reduce-scatter")
+    # TP all-reduces are timed in situ with the layer (see parsearch.probe.rank); what is
+    # left for back-to-back collectives: a hierarchical TP's intra-node steps, DP groups.
     patterns: list[GroupPattern] = []
-    tp_sizes = sorted({layout.tp for layout in layouts if layout.tp > 1})
-    for tp in tp_sizes:
-        kind = "tp-intra-node" if tp <= per_node else "tp-spanning-nodes"
-        patterns.append(GroupPattern(kind, tp, 1, ops, _message_sizes(max(activation.values()))))
+    if any(layout.tp > per_node for layout in layouts):
+        pieces = _message_sizes(max(activation.values()))
+        patterns.append(
+            GroupPattern("tp-intra-node", per_node, 1, ("all-gather", "reduce-scatter"), pieces)
+        )
     grads = max(
         model.num_layers // layout.pp * layer_params(model) / layout.tp * 4 for layout in layouts
     )
+    sharded = any(layout.zero_stage for layout in layouts)
+    ops = ("all-reduce", "all-gather", "reduce-scatter") if sharded else ("all-reduce",)
     for tp, dp in sorted({(layout.tp, layout.dp) for layout in layouts if layout.dp > 1}):
-        if tp * dp <= per_node:
-            if dp not in tp_sizes:  # an intra-node group of this size is timed once
-                patterns.append(GroupPattern("tp-intra-node", dp, tp, ops, _message_sizes(grads)))
-                tp_sizes.append(dp)
-        else:
-            patterns.append(GroupPattern("dp-across-nodes", dp, tp, ops, _message_sizes(grads)))
+        kind = "dp-intra-node" if tp * dp <= per_node else "dp-across-nodes"
+        if not any((p.kind, p.size) == (kind, dp) for p in patterns):
+            patterns.append(GroupPattern(kind, dp, tp, ops, _message_sizes(grads)))
     p2p = (
         _message_sizes(max(activation.values()))
         if any(layout.pp > 1 for layout in layouts) and world > 1

@@ -7,9 +7,10 @@ as the ranks of a training step would:
 1. **a transformer layer's work** at each (tp, micro-batch) shape: one rank's shard of the
    layer (Q/K/V and the MLP's first matmul split over TP, their partners' inner dimension
    split), forward and backward, in the space's precision; efficiency = the estimate's
-   FLOPs for that shard / time / peak. With TP, the same shard again with its four
-   all-reduces in place: the difference is what a TP all-reduce costs *in situ*, between
-   compute (on an oversubscribed CPU far more than back to back);
+   FLOPs for that shard / time / peak. With TP, also one layer of the built-in trainer
+   under its own TP plan (DTensor, its four all-reduces in place): the difference is what
+   TP costs *in situ*, between compute and with the framework's overhead (on an
+   oversubscribed CPU far more than the all-reduces back to back);
 2. **collectives** (all-reduce, all-gather, reduce-scatter) over each group pattern, all
    groups at once, at each message size; the slowest rank's mean time;
 3. **point-to-point** transfers between ranks half the world apart;
@@ -23,13 +24,13 @@ Rank 0 writes every timing into ``metrics["probe"]`` of its result; the driver f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,60 +49,9 @@ from parsearch.trial import TrialSpec
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-class _SumForward(torch.autograd.Function):
-    """Megatron's ``g``: all-reduce the row-parallel output forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
-        y = x.clone()
-        dist.all_reduce(y, group=group)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
-class _SumBackward(torch.autograd.Function):
-    """Megatron's ``f``: identity forward, all-reduce the input's gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-def layer_shard(
-    model: ModelSpec,
-    tp: int,
-    mbs: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    group: Any = None,
-):
-    """A closure running forward and backward of one TP rank's shard of a layer; with
-    ``group``, also its four tensor-parallel all-reduces (two forward, two backward) where
-    Megatron puts them, so they run between the layer's compute as in training."""
-    if group is None:
-
-        def f(x: torch.Tensor) -> torch.Tensor:
-            return x
-
-        g = f
-    else:
-
-        def f(x: torch.Tensor) -> torch.Tensor:
-            return _SumBackward.apply(x, group)
-
-        def g(x: torch.Tensor) -> torch.Tensor:
-            return _SumForward.apply(x, group)
-
+def layer_shard(model: ModelSpec, tp: int, mbs: int, dtype: torch.dtype, device: torch.device):
+    """A closure running forward and backward of one TP rank's shard of a layer, without
+    communication: its matmuls, attention and elementwise work at this shape."""
     h, hd = model.hidden_size, model.head_dim
     heads, kv = model.num_heads // tp, model.kv_heads // tp
     ffn = model.ffn // tp
@@ -115,7 +65,7 @@ def layer_shard(
     x = torch.randn(mbs, model.seq_length, h, device=device, dtype=dtype, requires_grad=True)
 
     def step() -> None:
-        y = f(F.layer_norm(x, (h,)))
+        y = F.layer_norm(x, (h,))
         q, k, v = (y @ w_qkv).split([heads * hd, kv * hd, kv * hd], dim=-1)
         shape = (mbs, model.seq_length, -1, hd)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
@@ -123,14 +73,14 @@ def layer_shard(
             k = k.repeat_interleave(heads // kv, dim=1)
             v = v.repeat_interleave(heads // kv, dim=1)
         attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x2 = x + g(attention.transpose(1, 2).reshape(mbs, model.seq_length, -1) @ w_out)
-        z = f(F.layer_norm(x2, (h,))) @ w_in
+        x2 = x + attention.transpose(1, 2).reshape(mbs, model.seq_length, -1) @ w_out
+        z = F.layer_norm(x2, (h,)) @ w_in
         if gated:
             gate, up = z.chunk(2, dim=-1)
             z = F.silu(gate) * up
         else:
             z = F.gelu(z)
-        out = x2 + g(z @ w_down)
+        out = x2 + z @ w_down
         out.sum().backward()
 
     return step
@@ -141,7 +91,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(run, device: torch.device, plan: ProbePlan, group: Any = None) -> float:
+def timed(run, device: torch.device, plan: ProbePlan) -> float:
     """Mean seconds of ``run()``, every rank starting together and repeating as often as the
     slowest rank's first call allows within ``plan.min_time_s``; the slowest rank's mean."""
     for _ in range(plan.repeats["warmup"]):
@@ -164,17 +114,15 @@ def timed(run, device: torch.device, plan: ProbePlan, group: Any = None) -> floa
 
 
 def probe_gemm(spec: TrialSpec, plan: ProbePlan, device: torch.device) -> list[dict[str, float]]:
-    """Each shape timed in ``plan.rounds`` rounds over all shapes, the median kept: a shared
-    machine's other work then spreads over the shapes instead of landing on one."""
+    """Each shape timed once per round, ``plan.rounds`` rounds over all shapes, and the
+    median kept: other work on a shared machine then spreads over every shape instead of
+    landing on one."""
     dtype = _DTYPES[plan.precision]
-    groups = {
-        tp: _consecutive_group(tp) for tp in sorted({tp for tp, _ in plan.gemm_shapes}) if tp > 1
-    }
     steps = {}
     for tp, mbs in plan.gemm_shapes:
         steps[(tp, mbs, False)] = layer_shard(spec.model, tp, mbs, dtype, device)
-        if tp in groups:
-            steps[(tp, mbs, True)] = layer_shard(spec.model, tp, mbs, dtype, device, groups[tp])
+        if tp > 1:
+            steps[(tp, mbs, True)] = trainer_block(spec.model, tp, mbs, plan.precision, device)
     rounds = [
         {key: timed(step, device, plan) for key, step in steps.items()} for _ in range(plan.rounds)
     ]
@@ -190,22 +138,41 @@ def probe_gemm(spec: TrialSpec, plan: ProbePlan, device: torch.device) -> list[d
             "seconds": seconds,
             "efficiency": flops / seconds / plan.peak_flops_per_device,
         }
-        if tp in groups:
-            point["with_tp_seconds"] = statistics.median(times[(tp, mbs, True)] for times in rounds)
+        if tp > 1:
+            # Paired within each round (same load), then the median: a difference of two
+            # separately noisy figures would be noisier.
+            extra = [times[(tp, mbs, True)] - times[(tp, mbs, False)] for times in rounds]
+            point["with_tp_seconds"] = seconds + statistics.median(extra)
         points.append(point)
         print(f"probe: layer tp={tp} mbs={mbs}: {seconds * 1e3:.2f} ms", flush=True)
     return points
 
 
-def _consecutive_group(size: int) -> Any:
-    """This rank's group of ``size`` consecutive ranks (every rank creates all of them)."""
-    mine = None
-    for start in range(0, dist.get_world_size(), size):
-        ranks = list(range(start, start + size))
-        group = dist.new_group(ranks)
-        if dist.get_rank() in ranks:
-            mine = group
-    return mine
+def trainer_block(model: ModelSpec, tp: int, mbs: int, precision: str, device: torch.device):
+    """A closure running forward and backward of one layer of the built-in trainer under its
+    own TP plan (DTensor, all-reduces in place) on this rank's TP group: what a TP layer
+    costs in training, the framework's overhead included."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from parsearch.bench.model import Transformer, materialize
+    from parsearch.bench.parallelize import apply_tp
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        whole = Transformer(dataclasses.replace(model, num_layers=1))
+    apply_tp(whole, mesh["tp"], False)
+    materialize(whole, device, 0)
+    block, rotary = whole.layers["0"], whole.rotary
+    x = torch.randn(mbs, model.seq_length, model.hidden_size, device=device, requires_grad=True)
+    half = _DTYPES[precision] if precision != "fp32" else None
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=half, enabled=half is not None):
+            out = block(x, rotary)
+        out.float().sum().backward()
+
+    return step
 
 
 def _collective(op: str, size_bytes: int, group_size: int, dtype, device, group):
@@ -235,7 +202,9 @@ def probe_pattern(pattern: GroupPattern, plan: ProbePlan, world: int, device) ->
             runs = [
                 _collective(op, size, pattern.size, dtype, device, mine) for size in pattern.sizes
             ]
-            rounds = [[timed(run, device, plan) for run in runs] for _ in range(plan.rounds)]
+            rounds = [
+                [timed(run, device, plan) for run in runs] for _ in range(plan.collective_rounds)
+            ]
             times = [statistics.median(column) for column in zip(*rounds, strict=True)]
         except (RuntimeError, NotImplementedError) as error:
             print(f"probe: {op} over {pattern.kind} skipped: {error}", flush=True)
