@@ -2,13 +2,14 @@
 
 Sets (each transcribed below with its source):
 
-* ``megatron-memory``: Megatron-LM's ``compute_weight_and_optimizer_memory`` and
-  ``compute_activation_memory`` (``megatron/training/theoretical_memory_usage.py``, NVIDIA/
-  Megatron-LM commit 38644dd756c46142787b1bd5dc08ed82ca0e6de1), reimplemented here. The file
-  reports only for sequence parallel + selective recompute (its activation term is Korthikanti
-  et al.'s ``34·s·b·h/t`` per layer). For the other settings, the same bookkeeping with the
-  per-layer term of Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 in its place:
-  ``s·b·h·(10 + 24/t)`` for TP without sequence parallel, ``2·s·b·h`` for full recompute.
+* ``megatron-memory``: Megatron-LM's ``megatron/training/theoretical_memory_usage.py``
+  (NVIDIA/Megatron-LM commit 1bcb3b9e0b029c6109d8d32872645bd540052963), reimplemented here:
+  ``compute_weight_and_optimizer_memory`` (dense GPT), ``compute_activation_memory`` with
+  sequence parallel + selective recompute (Korthikanti et al.'s ``34·s·b·h/t`` per layer)
+  and ``compute_activation_memory_without_sp`` otherwise (``s·b·h·(10 + 24/t)`` per layer,
+  token ids and embedding dropout mask on the first stage, x1.05). Neither branch models full
+  recompute; there Korthikanti et al. 2022 (arXiv 2205.05198) Table 2's ``2·s·b·h`` per layer
+  stands in (marked "full" below).
 * ``narayanan-table1``: Narayanan et al. 2021, "Efficient Large-Scale Language Model
   Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473), Table 1: weak scaling, 1.7B
   to 1T on up to 3072 A100s, achieved teraFLOP/s per GPU (counting recompute's FLOPs, their
@@ -22,6 +23,12 @@ Sets (each transcribed below with its source):
 * ``narayanan-table2`` (kept aside, not looked at while changing the model): Narayanan et
   al. 2021 Table 2 (also plotted as Figure 10): ZeRO-3 without model parallelism vs PTD-P,
   175B and 530B, fixed global batch, achieved teraFLOP/s per GPU.
+
+How the tables were checked: Table 1 against a public CSV copy of it
+(SotaroKaneda/MLCarbon, ``data/megatron_table.csv``); Table 5's SP+selective column against
+the MFU the Megatron-LM README prints (asserted when the script runs); Table 2 against the
+points of its Figure 10 as read in a public summary (175B ZeRO-3 ~143/88/44, 530B ~140/97/48
+TFLOP/s). Table 5's full-recompute column and Table 2's PTD-P rows have no second source here.
 
 The machine: Selene / DGX A100 from public figures: A100 80 GB, 312 TFLOP/s dense bf16
 (NVIDIA A100 datasheet); third-generation NVLink 600 GB/s bidirectional per GPU, 300 GB/s
@@ -189,31 +196,35 @@ def predicted_tflops(run: Run, settings: EstimateSettings) -> float:
 def megatron_memory_bytes(
     model: ModelSpec, shape: ParallelLayout, optimizer_sharded: bool
 ) -> float:
-    """Megatron-LM's theoretical memory of the first pipeline stage (commit 38644dd), with
-    Korthikanti's Table 2 per-layer term where the file assumes SP + selective."""
+    """Megatron-LM's theoretical memory of the first pipeline stage (commit 1bcb3b9e,
+    ``compute_weight_and_optimizer_memory`` for a dense GPT, then
+    ``compute_activation_memory`` with SP + selective recompute or
+    ``compute_activation_memory_without_sp`` otherwise). Full recompute, which neither branch
+    models, takes Korthikanti et al.'s ``2·s·b·h`` per layer in the second branch's place."""
     h, L, t, p = model.hidden_size, model.num_layers, shape.tp, shape.pp
-    s, b, a = model.seq_length, shape.mbs, model.num_heads
+    s, b = model.seq_length, shape.mbs
     layer_params = 2 * L * h * h * (1 + model.ffn / h + 1 + 2 / h + 1 / (L * h))
     embedding = h * VOCAB
     shard = (layer_params / p + embedding) / t
     per_param = 6 + 12 / shape.dp if optimizer_sharded else 18
     states = shard * per_param
     sbh = s * b * h
-    if shape.recompute == "full":
-        per_layer = 2 * sbh  # layer inputs; Megatron divides everything by t below
-        per_layer *= t if not shape.sequence_parallel else 1
-    elif shape.sequence_parallel:
-        per_layer = sbh * (18 + 4 * model.ffn / h)
-    else:
-        per_layer = sbh * (10 * t + 24)  # (10 + 24/t)·sbh before the division by t
-    del a  # selective recompute drops the attention-score term
-    activations = per_layer * L
-    activations += 8 * s * b * p + sbh * p * (1 if shape.sequence_parallel else t)
-    if p > 1:
-        activations *= min(1, shape.gas / p)
-    else:
-        activations += sbh * 4 * (1 + VOCAB / h)
-    return states + activations / t
+    in_flight = min(1, shape.gas / p) if p > 1 else 1
+    if shape.sequence_parallel and shape.recompute == "selective":
+        activations = sbh * (18 + 4 * model.ffn / h) * L
+        activations += 8 * s * b * p + sbh * p
+        activations *= in_flight
+        if p == 1:
+            activations += sbh * 4 * (1 + VOCAB / h)
+        return states + activations / t
+    per_layer = 2 * sbh / (t if shape.sequence_parallel else 1)
+    if shape.recompute != "full":
+        per_layer = sbh * (10 + 24 / t)
+    activations = per_layer * L + 8 * s * b * p + sbh * p
+    activations *= in_flight
+    if p == 1:
+        activations += (s * b * VOCAB / t + sbh) * 2
+    return states + activations * 1.05
 
 
 def memory_cases() -> list[tuple[str, ModelSpec, ParallelLayout, bool]]:

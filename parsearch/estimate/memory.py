@@ -179,8 +179,9 @@ def embedding_activation_bytes(
     model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
 ) -> float:
     """What the first stage keeps per micro-batch for its embedding, as Megatron-LM counts it
-    (``theoretical_memory_usage.py``): the int64 token ids and the embedding dropout's 1-byte
-    mask (sharded along the sequence under sequence parallel)."""
+    (``megatron/training/theoretical_memory_usage.py``, commit 1bcb3b9e): the int64 token
+    ids and the embedding dropout's 1-byte mask (sharded along the sequence under sequence
+    parallel)."""
     tokens = model.seq_length * layout.mbs
     mask = tokens * model.hidden_size if settings.dropout else 0.0
     if layout.sequence_parallel:
