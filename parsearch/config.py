@@ -88,6 +88,9 @@ class AllocationSpec:
     intra_node_bandwidth_bytes_per_s: float = 100e9
     inter_node_bandwidth_bytes_per_s: float = 25e9
     device: Literal["cpu", "cuda"] = "cuda"
+    # Device memory bandwidth (an A100's ~2 TB/s by default): what an unfused attention
+    # softmax, which streams every score through memory, runs at.
+    memory_bandwidth_bytes_per_s: float = 2.0e12
     name: str = "allocation"
 
     def __post_init__(self) -> None:

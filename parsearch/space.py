@@ -32,6 +32,7 @@ from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
 from parsearch.estimate.memory import FRAMEWORKS
 from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
+from parsearch.probe.profile import check_profile, load_profile, with_machine
 from parsearch.units import format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
@@ -73,6 +74,7 @@ _ALLOCATION_KEYS = (
     "peak_tflops",
     "intra_node_bandwidth",
     "inter_node_bandwidth",
+    "memory_bandwidth",
     "device",
 )
 _ESTIMATE_KEYS = (
@@ -85,6 +87,7 @@ _ESTIMATE_KEYS = (
     "dp_overlap",
     "collective_latency_s",
     "framework",
+    "machine",
 )
 
 
@@ -338,7 +341,9 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     if "memory_cap" in top:
         memory_cap = reader.size(top["memory_cap"], "memory_cap")
     trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
-    estimate = reader.estimate(top.get("estimate", {}), trainer_kind=trainer["kind"])
+    estimate = reader.estimate(
+        top.get("estimate", {}), trainer_kind=trainer["kind"], allocation=allocation
+    )
     exclusions = parse_exclusions(top["exclude"], dimensions, source) if "exclude" in top else ()
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):
@@ -463,6 +468,10 @@ class _Reader:
             kwargs["inter_node_bandwidth_bytes_per_s"] = self.rate(
                 data["inter_node_bandwidth"], "allocation.inter_node_bandwidth"
             )
+        if "memory_bandwidth" in data:
+            kwargs["memory_bandwidth_bytes_per_s"] = self.rate(
+                data["memory_bandwidth"], "allocation.memory_bandwidth"
+            )
         return AllocationSpec(**kwargs)
 
     def dimensions(self, value: Any, *, has_global_batch: bool) -> dict[str, tuple[Any, ...]]:
@@ -560,14 +569,22 @@ class _Reader:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
         return TRAINER_KINDS[kind].validate(value, self.source)
 
-    def estimate(self, value: Any, *, trainer_kind: str) -> EstimateSettings:
+    def estimate(
+        self, value: Any, *, trainer_kind: str, allocation: AllocationSpec
+    ) -> EstimateSettings:
         """The estimate's settings; its memory accounting follows the trainer unless set:
-        the built-in trainer's own (``torch``) or Megatron's for a command trainer."""
+        the built-in trainer's own (``torch``) or Megatron's for a command trainer. A
+        ``machine`` profile (a path relative to the space file) replaces its constants."""
         data = self.mapping(value, "estimate", _ESTIMATE_KEYS)
         kwargs: dict[str, Any] = {"framework": "torch" if trainer_kind == "builtin" else "megatron"}
+        machine = None
         for key, item in data.items():
             where = f"estimate.{key}"
-            if key == "precision":
+            if key == "machine":
+                if not isinstance(item, str) or not item:
+                    raise self.error(where, f"must be the path of a machine profile, got {item!r}")
+                machine = load_profile(Path(self.source).parent / item)
+            elif key == "precision":
                 if item not in ("bf16", "fp16", "fp32"):
                     raise self.error(where, f"must be 'bf16', 'fp16' or 'fp32', got {item!r}")
                 kwargs[key] = item
@@ -588,7 +605,11 @@ class _Reader:
                 kwargs[key] = number
             else:
                 kwargs[key] = self.positive_number(item, where)
-        return EstimateSettings(**kwargs)
+        settings = EstimateSettings(**kwargs)
+        if machine is None:
+            return settings
+        check_profile(machine, allocation, settings.precision, source=machine.path)
+        return with_machine(settings, machine, allocation)
 
 
 def _join(prefix: str, key: str) -> str:

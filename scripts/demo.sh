@@ -11,9 +11,15 @@ BUDGET="${BUDGET:-16}"
 run="runs/demo-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$run"
 store="$run/campaign.db"
-.venv/bin/parsearch plan search_spaces/tiny-cpu.yaml --top 5
-.venv/bin/parsearch run search_spaces/tiny-cpu.yaml --store "$store" --budget "$BUDGET" \
-    --backend-opt "workdir=$run/trials"
+# The estimate uses this machine's measured figures: probed once (~10 s of measurement),
+# then cached per host.
+machine="runs/machine-$(hostname).yaml"
+if [ ! -f "$machine" ]; then
+    .venv/bin/parsearch probe search_spaces/tiny-cpu.yaml --out "$machine"
+fi
+.venv/bin/parsearch plan search_spaces/tiny-cpu.yaml --machine "$machine" --top 5
+.venv/bin/parsearch run search_spaces/tiny-cpu.yaml --machine "$machine" --store "$store" \
+    --budget "$BUDGET" --backend-opt "workdir=$run/trials"
 .venv/bin/parsearch status --store "$store"
 .venv/bin/parsearch top --store "$store" -k 5
 echo

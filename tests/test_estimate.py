@@ -123,5 +123,6 @@ def test_prediction_is_consistent_and_ranks_sensibly():
     more = predict(GPT3, ParallelLayout(8, 16, 8, 1, 128, zero_stage=1), FRONTIER)
     assert more.tokens_per_s > prediction.tokens_per_s
     cross_node = predict(GPT3, ParallelLayout(16, 8, 8, 1, 64, zero_stage=1), FRONTIER)
-    assert cross_node.tp_comm_s > 4 * prediction.tp_comm_s
+    # Twice the layers per stage, each all-reduce ~1.6x dearer (hierarchical across 2 nodes).
+    assert cross_node.tp_comm_s > 3 * prediction.tp_comm_s
     assert not predict(GPT3, ParallelLayout(1, 1, 1024, 1, 1), FRONTIER).fits

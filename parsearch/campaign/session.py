@@ -24,6 +24,12 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.errors import ParsearchError, StoreError
+from parsearch.probe.profile import (
+    apply_profile,
+    profile_from_dict,
+    profile_to_dict,
+    space_with_profile,
+)
 from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.strategy import Strategy, make_strategy
@@ -45,6 +51,7 @@ class CampaignSettings:
     timeout_s: float | None = None
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
+    machine: str | None = None  # a machine profile given with --machine
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "grace_s", "lease_timeout_s"):
@@ -125,6 +132,8 @@ def start_campaign(
     if budget is not None:
         _check_budget(budget)
     space = load_space(space_path)
+    if settings.machine:
+        space = apply_profile(space, settings.machine)
     name = name or space.name
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
@@ -156,7 +165,11 @@ def start_campaign(
                 seed=seed,
                 budget=DEFAULT_BUDGET if budget is None else budget,
                 backend=settings.backend,
-                settings={**settings.to_dict(), "backend_settings": parts.backend.describe()},
+                settings={
+                    **settings.to_dict(),
+                    "backend_settings": parts.backend.describe(),
+                    **_profile_record(space),
+                },
                 objective_metric=space.objective,
             )
         except BaseException:
@@ -206,9 +219,21 @@ def _continue(
     settings = dataclasses.replace(stored, **overrides)
     source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
     space = space_from_dict(campaign.space, source=source)
+    if settings.machine and campaign.settings.get("machine_profile"):
+        # The profile as the campaign started with it, wherever its file is now.
+        profile = profile_from_dict(campaign.settings["machine_profile"], source=settings.machine)
+        space = space_with_profile(space, profile)
     return _session(
         store, campaign, space, settings, progress, stop, budget=budget, observers=observers
     )
+
+
+def _profile_record(space: SearchSpace) -> dict[str, Any]:
+    """The machine profile the campaign's estimate uses, as stored with its settings."""
+    profile = space.estimate.machine
+    if profile is None:
+        return {"machine_profile": None}
+    return {"machine_profile": profile_to_dict(profile), "machine_profile_path": profile.path}
 
 
 @dataclass

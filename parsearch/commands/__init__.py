@@ -4,6 +4,7 @@ line can show them all while importing only the module of the command that runs.
 
 COMMANDS: dict[str, str] = {
     "plan": "count and rank the layouts of a space by the analytic estimate",
+    "probe": "measure the allocation (GEMMs, collectives, memory) into a machine profile",
     "run": "search a space: run trials chosen by Bayesian optimisation, record them",
     "resume": "continue a campaign after a kill, a signal or the end of an allocation",
     "status": "progress of a campaign: trials by state, best so far, ETA",

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from parsearch.commands import COMMANDS
+from parsearch.probe.profile import apply_profile
 from parsearch.space import SpacePlan, load_space
 from parsearch.units import format_bytes
 
@@ -23,6 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("space", help="search-space YAML file")
     parser.add_argument("--top", type=int, default=15, help="rows in the table (default 15)")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.add_argument(
+        "--machine",
+        metavar="PROFILE.yaml",
+        help="estimate with this machine profile (from `parsearch probe`)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -39,6 +45,8 @@ def plan_rows(plan: SpacePlan, top: int) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     space = load_space(args.space)
+    if args.machine:
+        space = apply_profile(space, args.machine)
     plan = space.plan()
     plan.require_runnable(keep_predicted_oom=True)
     rows = plan_rows(plan, args.top)

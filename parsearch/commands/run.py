@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "would (its stored space and strategy; the session options given here) instead of "
         "refusing: one command for every job of a chain",
     )
+    parser.add_argument(
+        "--machine",
+        metavar="PROFILE.yaml",
+        help="machine profile from `parsearch probe` for the estimate (instead of the "
+        "space's estimate.machine or its data-sheet constants); recorded with the campaign",
+    )
     add_session_arguments(parser, resume=False)
     add_track_argument(parser)
     parser.set_defaults(func=run)
@@ -87,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         keep_predicted_oom=args.keep_predicted_oom,
         warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
         warm_start_name=args.warm_start_name,
+        machine=str(Path(args.machine).resolve()) if args.machine else None,
         **given,
     )
     observers = make_observers(args.track)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.estimate.flops import embedding_params, head_params, layer_params
+from parsearch.estimate.machine import MachineProfile
 
 # Bytes per parameter for (weights, gradients, optimizer states) by precision. Mixed
 # precision follows Megatron's count: 16-bit weights, fp32 gradient accumulation, fp32
@@ -32,19 +33,27 @@ class EstimateSettings:
 
     precision: str = "bf16"
     flash_attention: bool = True
-    dropout: bool = False
+    # None: as the framework trains (Megatron-LM and DeepSpeed GPTs use dropout; the built-in
+    # trainer has none).
+    dropout: bool | None = None
     runtime_overhead_bytes: int = 0
-    compute_efficiency: float = 0.55
+    # Fraction of peak that large matmuls reach, before communication and the bubble:
+    # above the end-to-end 57% hardware-FLOP utilisation Korthikanti et al. (2022) measured
+    # for GPT-3 175B to 1T on A100, which includes both.
+    compute_efficiency: float = 0.7
     gemm_half_efficiency_elements: float = 2.0**19
     dp_overlap: float = 0.7
     collective_latency_s: float = 30e-6
     framework: str = "megatron"
+    machine: MachineProfile | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in _STATE_BYTES:
             raise ValueError(f"precision must be one of {sorted(_STATE_BYTES)}")
         if self.framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {list(FRAMEWORKS)}")
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", self.framework == "megatron")
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,12 @@ def memory_by_stage(
         if stage == pp - 1:
             # Logits and their softmax for the loss, in fp32, one micro-batch at a time.
             activations += 2 * 4 * s * b * model.vocab_size / t + e * s * b * model.hidden_size
+        workspace = 0.0
+        if settings.framework == "megatron":
+            if stage == 0:
+                activations += in_flight * embedding_activation_bytes(model, layout, settings)
+            if layout.zero_stage >= 3:
+                workspace = zero3_buffer_bytes(model, layout, settings)
         estimate = MemoryEstimate(
             weights=weights,
             grads=grads,
@@ -152,11 +167,60 @@ def memory_by_stage(
             activations=activations,
             overhead=float(settings.runtime_overhead_bytes),
             stage=stage,
+            workspace=workspace,
         )
         if settings.framework == "torch":
             estimate = _torch_memory(estimate, model, layout, settings, params, in_flight)
-        estimates.append(estimate)
+        estimates.append(_with_baseline(estimate, settings))
     return estimates
+
+
+def embedding_activation_bytes(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """What the first stage keeps per micro-batch for its embedding, as Megatron-LM counts it
+    (``megatron/training/theoretical_memory_usage.py``, commit 1bcb3b9e): the int64 token
+    ids and the embedding dropout's 1-byte mask (sharded along the sequence under sequence
+    parallel)."""
+    tokens = model.seq_length * layout.mbs
+    mask = tokens * model.hidden_size if settings.dropout else 0.0
+    if layout.sequence_parallel:
+        mask /= layout.tp
+    return 8 * tokens + mask
+
+
+# DeepSpeed's ZeRO-3 defaults (``stage3_max_live_parameters``, ``reduce_bucket_size``):
+# how many gathered parameters may be alive at once, and the gradient bucket's elements.
+ZERO3_MAX_LIVE_PARAMS = 1e9
+ZERO3_REDUCE_BUCKET = 5e8
+
+
+def zero3_buffer_bytes(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """ZeRO-3's transient full-size copies: the layer being computed and the one prefetched
+    behind it, gathered in the weights' precision (at most DeepSpeed's live-parameter limit),
+    and a gradient bucket (at most one layer) before its reduce-scatter."""
+    weight_b = _STATE_BYTES[settings.precision][0]
+    layer = layer_params(model) / layout.tp
+    gathered = min(2 * layer, ZERO3_MAX_LIVE_PARAMS)
+    return (gathered + min(layer, ZERO3_REDUCE_BUCKET)) * weight_b
+
+
+def _with_baseline(estimate: MemoryEstimate, settings: EstimateSettings) -> MemoryEstimate:
+    """Add a machine profile's measured baseline: runtime context, communicator buffers and
+    the allocator's reserve over the tensors it holds."""
+    if settings.machine is None:
+        return estimate
+    baseline = settings.machine.memory
+    tensors = estimate.total - estimate.overhead
+    overhead = (
+        estimate.overhead
+        + baseline.context_bytes
+        + baseline.communicator_bytes
+        + baseline.allocator_reserve_fraction * tensors
+    )
+    return replace(estimate, overhead=overhead)
 
 
 def _torch_memory(

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from parsearch.errors import ParsearchError
 from parsearch.report.data import ReportData, layout_of, pareto_front, top_table
 from parsearch.report.figures import FIGURES, format_metric
+from parsearch.report.machine import describe_machine
 from parsearch.trainer_flags import EXPORTERS, export
 from parsearch.units import format_bytes
 
@@ -124,6 +125,7 @@ def _summary(data: ReportData) -> str:
             f"{space.world_size}; memory limit {format_bytes(data.memory_limit_bytes)} per rank",
         ),
         ("objective", f"{data.objective_label} (maximised)"),
+        ("estimate", describe_machine(campaign.settings)),
         ("trials", f"{len(data.trials)} recorded, budget {budget}"),
         ("states", ", ".join(f"{state} {count}" for state, count in counts.items()) or "none"),
     ]

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from parsearch.launch.process import NodeRun
+from parsearch.probe.kind import ProbeKind
 from parsearch.result import TrialResult
 from parsearch.trainers.base import TrainerKind
 from parsearch.trainers.builtin.kind import BuiltinKind
@@ -19,11 +20,13 @@ from parsearch.trainers.command.kind import CommandKind
 from parsearch.trial import TrialSpec
 
 TRAINER_KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BuiltinKind(), CommandKind())}
+# What a trial may run but a space may not name: the machine probe (`parsearch probe`).
+_TRIAL_KINDS: dict[str, TrainerKind] = {**TRAINER_KINDS, "probe": ProbeKind()}
 
 
 def kind_of(spec: TrialSpec) -> TrainerKind:
     """The trainer kind of a trial (``builtin`` unless its section says otherwise)."""
-    return TRAINER_KINDS[spec.trainer.get("kind", "builtin")]
+    return _TRIAL_KINDS[spec.trainer.get("kind", "builtin")]
 
 
 def node_run(
