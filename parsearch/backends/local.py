@@ -34,7 +34,7 @@ from typing import Any
 from parsearch.agent import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.guard import guarded
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results, node_run
@@ -171,6 +171,8 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise BackendError(f"local option workdir: cannot create {workdir}: {error}") from None
+            raise BackendOptionError(
+                f"local option workdir: cannot create {workdir}: {error}"
+            ) from None
     grace_s = positive_option("local", options, "grace", 3.0, "seconds")
     return LocalBackend(space, slots or 1, workdir, grace_s)

@@ -40,7 +40,7 @@ from typing import Any
 from parsearch.agent import uses_gpu
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.backends.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trainers import merge_results
@@ -338,7 +338,7 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
     """A backend on the Ray cluster at ``address``, or on a local one it starts."""
     check_options("ray", options, OPTIONS)
     if "address" in options and "num_cpus" in options:
-        raise BackendError(
+        raise BackendOptionError(
             "ray options address and num_cpus exclude each other: num_cpus sizes a local cluster"
         )
     options = dict(options)
@@ -347,7 +347,9 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise BackendError(f"ray option workdir: cannot create {workdir}: {error}") from None
+            raise BackendOptionError(
+                f"ray option workdir: cannot create {workdir}: {error}"
+            ) from None
         options["workdir"] = str(workdir)
     try:
         import ray  # noqa: F401

@@ -15,6 +15,7 @@ from parsearch.campaign.session import (
     stored_backend,
 )
 from parsearch.campaign.strategy import STRATEGIES
+from parsearch.inputs import MAX_SEED, campaign_name, option, seed
 from parsearch.space import load_space
 
 
@@ -30,13 +31,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("space", help="search-space YAML file")
     parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
-    parser.add_argument("--name", help="campaign name (default: the space's name)")
+    parser.add_argument(
+        "--name", type=option(campaign_name), help="campaign name (default: the space's name)"
+    )
     parser.add_argument(
         "--budget",
         type=positive_int,
         help=f"trials to finish (default {DEFAULT_BUDGET}; with --resume, the stored budget)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--seed", type=option(seed), default=0, help=f"random seed, 0 to {MAX_SEED} (default 0)"
+    )
     parser.add_argument(
         "--strategy",
         choices=list(STRATEGIES),
