@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from parsearch.backends.guard import guarded
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
+from parsearch.tempdirs import owned_tempdir
 from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
@@ -62,7 +62,7 @@ class LocalBackend:
         self._slots = slots
         self._grace_s = grace_s
         self._keep = workdir is not None
-        self._workdir = workdir or Path(tempfile.mkdtemp(prefix="parsearch-local-"))
+        self._workdir = workdir or owned_tempdir("local")
         self._free = list(range(slots - 1, -1, -1))
         self._running: dict[str, _Trial] = {}
 

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from parsearch.agent import NodeRun, free_port
 from parsearch.backends.guard import guarded
 from parsearch.result import TrialResult, TrialState
+from parsearch.tempdirs import owned_tempdir
 from parsearch.trainers import node_run
 from parsearch.trial import TrialSpec
 
@@ -85,7 +85,7 @@ class NodeSlot:
         self.addr = addr or self.host
         self.grace_s = grace_s
         self._keep = workdir is not None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="parsearch-node-"))
+        self.workdir = workdir or owned_tempdir("node")
         self._run: NodeRun | None = None
         self._failed: TrialResult | None = None
 

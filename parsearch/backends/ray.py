@@ -147,6 +147,29 @@ class RayBackend:
             if node.get("Alive")
         )
 
+    def require_room(self) -> None:
+        """Refuse, before any campaign starts, a cluster too small for one trial: the driver
+        would otherwise find no room, wait, and fail as if nodes had been lost."""
+        if self.capacity:
+            return
+        import ray
+
+        gpu = self.space.allocation.device != "cpu" and self.space.trainer.get("device") != "cpu"
+        resource = "GPU" if gpu else "CPU"
+        per_node = min(self.space.allocation.devices_per_node, self.space.world_size)
+        have = [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n.get("Alive")]
+        fix = (
+            f"start the local cluster with --backend-opt num_cpus={per_node}"
+            if self._owns_ray and not gpu
+            else f"use a cluster with nodes of at least {per_node} {resource}s"
+        )
+        raise BackendOptionError(
+            f"the Ray cluster is smaller than one trial: a trial of {self.space.source} needs "
+            f"{self.space.allocation.nodes} node(s) of {per_node} {resource}s each, and the "
+            f"cluster's {len(have)} alive node(s) have {have or 'no'} {resource}s; {fix}, or "
+            "shrink the space's allocation"
+        )
+
     @property
     def capacity(self) -> int:
         room = self._node_room() // self.space.allocation.nodes
@@ -357,4 +380,10 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         raise BackendError(
             "backend 'ray' needs the package 'ray' (pip install 'parsearch[ray]')"
         ) from None
-    return RayBackend(space, options, slots)
+    backend = RayBackend(space, options, slots)
+    try:
+        backend.require_room()
+    except BaseException:
+        backend.close()
+        raise
+    return backend
