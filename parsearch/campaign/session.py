@@ -191,6 +191,12 @@ def resume_campaign(
     """
     if budget is not None:
         _check_budget(budget)
+    if str(store_path) != ":memory:" and not Path(store_path).exists():
+        # Opening it to write would create an empty store where none was meant to be.
+        raise UsageError(
+            f"no store at {store_path}; check the path, or start a campaign there with "
+            f"`parsearch run SPACE --store {store_path}`"
+        )
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
@@ -289,6 +295,12 @@ def _session(
         lease = stack.enter_context(
             Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
         )
+        if campaign.status is CampaignStatus.RUNNING:
+            progress.message(
+                f"campaign '{campaign.name}' was left running by a driver that stopped without "
+                "finishing (killed, or an error such as a full disk); its unfinished trials "
+                "run again"
+            )
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,

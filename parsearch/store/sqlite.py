@@ -216,7 +216,9 @@ class SQLiteStore:
                 ).fetchone()
                 if row is None:
                     raise StoreError(
-                        f"store {self.path} has no campaign yet; start one with `parsearch run`"
+                        f"store {self.path} has no campaign yet (a driver killed while "
+                        f"starting one leaves it so); start it with `parsearch run SPACE "
+                        f"--store {self.path}` (or `run --resume`, which also continues one)"
                     )
                 return campaign_from_row(row)
             row = conn.execute(
