@@ -120,7 +120,7 @@ def number_option(
         return default
     if not (low <= value <= high and math.isfinite(value)):  # inf would wait forever
         raise BackendOptionError(
-            f"{backend} option {key} must be a finite number in [{low:g}, {high:g}], "
+            f"{backend} option {key} must lie in [{low:g}, {high:g}] and be finite, "
             f"got {options[key]}"
         )
     return value
