@@ -26,16 +26,18 @@ pytestmark = [
 
 ROUNDS = 8
 WRITER = """
-import itertools, sys
+import itertools, sys, time
 from parsearch.config import ParallelLayout
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import open_store
 
 store = open_store(sys.argv[1])
 campaign = store.get_campaign()
-store.acquire_lease(campaign.id, f"writer-{sys.argv[2]}", stale_after_s=60.0)
+began = time.monotonic()
+store.acquire_lease(campaign.id, f"writer-{sys.argv[3]}", stale_after_s=60.0)
+waited = time.monotonic() - began
 store.mark_interrupted(campaign.id)  # as resume does with what the last one left running
-print("ready", flush=True)
+print("ready", waited, flush=True)
 for gas in itertools.count(int(sys.argv[2])):
     layout = ParallelLayout(tp=1, pp=1, dp=1, mbs=1, gas=gas)
     trial = store.add_trial(campaign.id, layout)
@@ -46,17 +48,20 @@ for gas in itertools.count(int(sys.argv[2])):
 """
 
 
-def _kill_inside_a_write(db: Path, first_gas: int) -> tuple[dict[int, int], bool, float]:
+def _kill_inside_a_write(
+    db: Path, first_gas: int, round_: int
+) -> tuple[dict[int, int], bool, float]:
     """Run a writer until a write transaction is open, SIGKILL it; return what it said it
     committed (number -> gas), whether the kill left a hot journal, and how long the
     writer waited for the lease."""
     journal = Path(f"{db}-journal")
-    began = time.monotonic()
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(db), str(first_gas)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER, str(db), str(first_gas), str(round_)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert writer.stdout.readline().strip() == "ready"
-    lease_wait = time.monotonic() - began
+    ready, lease_wait = writer.stdout.readline().split()
+    assert ready == "ready"
     time.sleep(0.05 * (first_gas % 5))  # vary how much it commits first
     deadline = time.monotonic() + 30
     while not journal.exists() and time.monotonic() < deadline:
@@ -68,7 +73,7 @@ def _kill_inside_a_write(db: Path, first_gas: int) -> tuple[dict[int, int], bool
     for line in out.splitlines():
         number, gas = map(int, line.split())
         committed[number] = gas
-    return committed, hot, lease_wait
+    return committed, hot, float(lease_wait)
 
 
 def test_kill_9_inside_store_writes_loses_nothing_committed(tmp_path):
@@ -79,9 +84,9 @@ def test_kill_9_inside_store_writes_loses_nothing_committed(tmp_path):
     hot_kills = 0
     next_gas = 1
     for kills in range(ROUNDS):
-        committed, hot, lease_wait = _kill_inside_a_write(db, next_gas)
+        committed, hot, lease_wait = _kill_inside_a_write(db, next_gas, kills)
         hot_kills += hot
-        assert lease_wait < 20  # not the 60 s lease timeout: the dead holder was seen dead
+        assert lease_wait < 10  # not the 60 s lease timeout: the dead holder was seen dead
         confirmed.update(committed)
         with open_store(db) as store:  # read-write: rolls back the killed transaction
             trials = {t.number: t for t in store.trials(store.get_campaign().id)}
