@@ -21,6 +21,7 @@ from parsearch.store.liveness import process_identity
 
 pytestmark = [
     pytest.mark.multiprocess,
+    pytest.mark.slow,
     pytest.mark.skipif(process_identity() is None, reason="needs /proc for instant takeover"),
 ]
 

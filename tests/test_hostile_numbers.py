@@ -55,6 +55,7 @@ trainer:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_impossible_numbers_become_errors_and_the_campaign_finishes(tmp_path, capsys):
     db = tmp_path / "s.db"
     assert main(["run", str(_space(tmp_path)), "--store", str(db), "--budget", "9", "--quiet"]) == 0
