@@ -25,6 +25,7 @@ def _exit_code(argv: list[str]) -> int:
         return int(exit_.code)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("options", "named"),
     [
@@ -97,6 +98,8 @@ texts = st.one_of(
 )
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @settings(
     max_examples=120, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -147,9 +147,8 @@ FUZZ = settings(
 )
 
 
-@settings(
-    max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@pytest.mark.slow
+@FUZZ
 @given(where=st.sampled_from(PATHS), value=values)
 def test_any_mutated_space_loads_or_names_file_and_field(tmp_path, where, value):
     data = yaml.safe_load(TINY)
@@ -168,9 +167,7 @@ def test_any_mutated_space_loads_or_names_file_and_field(tmp_path, where, value)
         space.plan()  # what loads can be planned
 
 
-@settings(
-    max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@FUZZ
 @given(data=st.binary(max_size=400) | st.text(max_size=400).map(str.encode))
 def test_any_bytes_load_or_are_refused_naming_the_file(tmp_path, data):
     path = tmp_path / "junk.yaml"
