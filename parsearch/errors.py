@@ -25,6 +25,12 @@ class SpaceError(ParsearchError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class UsageError(ParsearchError):
+    """A command-line option (or a setting stored from one) has a value that cannot work."""
+
+    exit_code = 2
+
+
 class LayoutError(ParsearchError):
     """A parallel layout breaks a divisibility rule for its model and allocation."""
 
@@ -47,6 +53,12 @@ class CampaignLockedError(StoreError):
 
 class BackendError(ParsearchError):
     """A dispatch backend cannot start or lost its workers."""
+
+
+class BackendOptionError(BackendError):
+    """A ``--backend-opt`` (or ``--slots``) value the backend cannot use: bad input."""
+
+    exit_code = 2
 
 
 class TrainerError(ParsearchError):

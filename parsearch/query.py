@@ -74,6 +74,8 @@ class CampaignProgress:
         """Whether the driver has been silent longer than the campaign's lease timeout: it
         died without releasing, and a ``resume`` would take the campaign over."""
         timeout = float(self.campaign.settings.get("lease_timeout_s", DEFAULT_STALE_AFTER_S))
+        if self.driver is not None and self.driver.stale_after_s is not None:
+            timeout = self.driver.stale_after_s  # the holder's own, as takeover uses
         silent = self.driver_silent_s
         return silent is not None and silent > timeout
 

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from parsearch.config import (
     RECOMPUTE_CHOICES,
     AllocationSpec,
@@ -32,7 +30,9 @@ from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
 from parsearch.estimate.memory import FRAMEWORKS
 from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
+from parsearch.inputs import name_problem
 from parsearch.probe.profile import check_profile, load_profile, with_machine
+from parsearch.space_file import read_document
 from parsearch.units import format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
@@ -92,6 +92,10 @@ _ESTIMATE_KEYS = (
 
 
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
+# Bounds that keep loading and planning a space fast whatever the file says.
+MAX_INT = 10**12
+MAX_CANDIDATES = 4096
+MAX_POINTS = 10**6
 
 
 @dataclass(frozen=True)
@@ -307,21 +311,7 @@ class SpacePlan:
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a search-space YAML file."""
     path = Path(path)
-    source = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpaceError("file not found", source=source) from None
-    except OSError as error:
-        raise SpaceError(f"cannot read: {error.strerror}", source=source) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise SpaceError(f"not valid YAML{where}: {problem}", source=source) from None
-    return space_from_dict(data, source=source)
+    return space_from_dict(read_document(path), source=str(path))
 
 
 def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
@@ -348,6 +338,11 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):
         raise reader.error("name", f"must be a string, got {name!r}")
+    if problem := name_problem(name):
+        raise reader.error("name", f"cannot name a campaign: {problem}")
+    description = top.get("description", "")
+    if not isinstance(description, str):
+        raise reader.error("description", f"must be a string, got {type(description).__name__}")
     return SearchSpace(
         name=name,
         source=source,
@@ -359,7 +354,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
         memory_cap_bytes=memory_cap,
         trainer=trainer,
         estimate=estimate,
-        description=str(top.get("description", "")),
+        description=description,
         raw=data,
         exclusions=exclusions,
     )
@@ -398,13 +393,20 @@ class _Reader:
         return value
 
     def positive_int(self, value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(where, f"must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+            raise self.error(
+                where, f"must be a positive integer up to {MAX_INT:.0e}, got {value!r}"
+            )
         return value
 
     def positive_number(self, value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(where, f"must be a positive number, got {value!r}")
+        # NaN and infinity are floats too; either would poison every prediction or wait.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
+            raise self.error(where, f"must be a positive finite number, got {value!r}")
         return float(value)
 
     def size(self, value: Any, where: str) -> int:
@@ -492,6 +494,13 @@ class _Reader:
                 dimensions[name] = self._candidates(data[name], f"search.{name}", name)
             elif name in _DIMENSION_DEFAULTS:
                 dimensions[name] = (_DIMENSION_DEFAULTS[name],)
+        points = math.prod(len(values) for values in dimensions.values())
+        if points > MAX_POINTS:
+            raise self.error(
+                "search",
+                f"spans {points:.3g} combinations, more than {MAX_POINTS:.0e}: planning would "
+                "take hours; give fewer candidates per dimension",
+            )
         return dimensions
 
     def _candidates(self, value: Any, where: str, name: str) -> tuple[Any, ...]:
@@ -513,6 +522,10 @@ class _Reader:
             values = self._range(value, where)
         elif isinstance(value, list):
             values = value
+            if len(values) > MAX_CANDIDATES:
+                raise self.error(
+                    where, f"lists {len(values)} candidates, more than {MAX_CANDIDATES}"
+                )
         else:
             values = [value]
         for item in values:
@@ -544,7 +557,14 @@ class _Reader:
         if keys in ({"range"}, {"range", "step"}):
             low, high = self._bounds(value["range"], f"{where}.range")
             step = self.positive_int(value.get("step", 1), f"{where}.step")
-            return list(range(low, high + 1, step))
+            values = range(low, high + 1, step)
+            if len(values) > MAX_CANDIDATES:
+                raise self.error(
+                    where,
+                    f"gives {len(values)} candidates, more than {MAX_CANDIDATES}; narrow the "
+                    "range, raise its step or use {pow2: [lo, hi]}",
+                )
+            return list(values)
         raise self.error(where, f"a range must be written {forms}, got {value!r}")
 
     def _bounds(self, value: Any, where: str) -> tuple[int, int]:

@@ -4,30 +4,62 @@ from __future__ import annotations
 
 import re
 
-_BINARY = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+    "kB": 10**3,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+_BY_LOWER = {unit.lower(): unit for unit in _UNITS}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# 57-bit addresses (5-level paging) bound what any device or host can address.
+MAX_BYTES = 2**57
+_FORMS = (
+    "64GiB, 80GB or 512 MiB (units B, KiB, MiB, GiB, TiB: powers of 1024; KB, MB, GB, TB: "
+    "powers of 1000)"
+)
+
+
+def _checked(number: float, value: object) -> int:
+    if not 0 < number <= MAX_BYTES:  # False for NaN
+        raise ValueError(f"a size must be > 0 and at most 2^57 bytes (128 PiB), got {value!r}")
+    return int(number)
 
 
 def parse_bytes(value: object) -> int:
-    """``64GiB`` → 68719476736; a bare number is bytes. Raises ValueError with the valid forms."""
+    """``64GiB`` → 68719476736; a bare number is bytes. Raises ValueError with the valid forms.
+
+    Units are case-sensitive, the same everywhere: ``GiB`` is 2^30 bytes and ``GB`` 10^9,
+    so ``64gib`` or ``64gb``, which could mean either, is refused with both readings. A space
+    between the number and the unit is allowed.
+    """
     if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 64GiB or 80GB, got {value!r}")
+        raise ValueError(f"expected a size such as {_FORMS}, got {value!r}")
     if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"a size must be > 0, got {value!r}")
-        return int(value)
-    match = _PATTERN.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or (unit not in _BINARY and unit not in _DECIMAL):
+        return _checked(float(value), value)
+    match = _PATTERN.match(str(value)[:100])
+    if not match:
+        raise ValueError(f"expected a size such as {_FORMS}, got {value!r}")
+    number, unit = float(match.group(1)), match.group(2)
+    if unit not in _UNITS:
+        lower = unit.lower()
+        if lower not in _BY_LOWER:
+            raise ValueError(f"unknown unit {unit!r} in {value!r}; expected a size like {_FORMS}")
+        if lower == "b":
+            raise ValueError(f"write bytes as B (b reads as bits), got {value!r}")
+        binary, decimal = f"{lower[0].upper()}iB", f"{lower[0].upper()}B"
         raise ValueError(
-            f"expected a size such as 64GiB, 80GB or 512MiB (units B, KiB, MiB, GiB, TiB, "
-            f"KB, MB, GB, TB), got {value!r}"
+            f"unit {unit!r} in {value!r} is ambiguous: write {binary} for powers of 1024 "
+            f"({_UNITS[binary]} bytes) or {decimal} for powers of 1000 ({_UNITS[decimal]} bytes)"
         )
-    number = float(match.group(1))
-    if number <= 0:
-        raise ValueError(f"a size must be > 0, got {value!r}")
-    return int(number * (_BINARY.get(unit) or _DECIMAL[unit]))
+    return _checked(number * _UNITS[unit], value)
 
 
 def parse_rate(value: object) -> float:

@@ -155,13 +155,16 @@ def test_a_live_lease_refuses_a_second_driver_and_a_stale_one_is_taken_over(tmp_
     assert resume_campaign(db, budget=4).finished == 4
 
 
-def test_a_driver_that_lost_its_lease_notices_and_releases_nothing(tmp_path):
-    with open_store(tmp_path / "c.db") as store:
+def test_a_driver_that_lost_its_lease_notices_and_releases_nothing(tmp_path, monkeypatch):
+    with open_store(tmp_path / "c.db") as store, open_store(tmp_path / "c.db") as other:
         campaign = store.create_campaign("c", {})
-        with Lease(store, campaign.id, stale_after_s=0.2) as lease:
+        with Lease(store, campaign.id, stale_after_s=1.0) as lease:
             lease.check()
-            store.acquire_lease(campaign.id, "usurper", stale_after_s=0.0)
-            time.sleep(0.3)
+            with monkeypatch.context() as paused:  # the driver stops beating (SIGSTOP)
+                paused.setattr(store, "heartbeat", lambda *args: None)
+                time.sleep(1.1)
+                other.acquire_lease(campaign.id, "usurper", stale_after_s=60.0)
+            time.sleep(0.6)
             with pytest.raises(CampaignLockedError, match="usurper"):
                 lease.check()
         with pytest.raises(CampaignLockedError, match="usurper"):

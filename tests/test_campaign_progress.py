@@ -105,7 +105,7 @@ def test_status_names_the_live_driver_and_says_when_it_seems_dead(tmp_path):
     with SQLiteStore(tmp_path / "c.db") as store:
         campaign = store.create_campaign("c", {}, budget=10, settings={"lease_timeout_s": 0.3})
         assert campaign_progress(store, campaign).driver is None
-        store.acquire_lease(campaign.id, "driver-1", stale_after_s=60.0)
+        store.acquire_lease(campaign.id, "driver-1", stale_after_s=0.3)  # the holder's own
         campaign = store.update_campaign(campaign.id, status=CampaignStatus.RUNNING)
         live = campaign_progress(store, campaign)
         time.sleep(0.5)

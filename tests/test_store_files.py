@@ -171,7 +171,8 @@ def test_read_only_commands_do_not_upgrade(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     make_v1_store(path)
     before = digest(path)
-    with pytest.raises(StoreError, match=r"schema version 1 .* needs 2.*parsearch resume"):
+    needs = rf"schema version 1 .* needs {SCHEMA_VERSION}.*parsearch resume"
+    with pytest.raises(StoreError, match=needs):
         SQLiteStore(path, readonly=True)
     assert digest(path) == before
 

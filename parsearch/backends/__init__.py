@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
@@ -92,7 +92,7 @@ def parse_options(pairs: Iterable[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise BackendError(f"--backend-opt takes key=value, got {pair!r}")
+            raise BackendOptionError(f"--backend-opt takes key=value, got {pair!r}")
         options[key.strip()] = value.strip()
     return options
 
@@ -102,7 +102,7 @@ def check_options(backend: str, options: Mapping[str, str], valid: Iterable[str]
     valid = sorted(valid)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise BackendError(
+        raise BackendOptionError(
             f"backend '{backend}' has no option {', '.join(unknown)}; valid: "
             f"{', '.join(valid) if valid else 'none'}"
         )
@@ -120,9 +120,10 @@ def number_option(
     value = _option_number(backend, options, key, "a number")
     if value is None:
         return default
-    if not low <= value <= high:
-        raise BackendError(
-            f"{backend} option {key} must lie in [{low:g}, {high:g}], got {options[key]}"
+    if not (low <= value <= high and math.isfinite(value)):  # inf would wait forever
+        raise BackendOptionError(
+            f"{backend} option {key} must lie in [{low:g}, {high:g}] and be finite, "
+            f"got {options[key]}"
         )
     return value
 
@@ -136,7 +137,7 @@ def positive_option(
     if value is None:
         return default
     if not 0 < value < math.inf:
-        raise BackendError(f"{backend} option {key} must be {what}, got {options[key]!r}")
+        raise BackendOptionError(f"{backend} option {key} must be {what}, got {options[key]!r}")
     return value
 
 
@@ -147,7 +148,7 @@ def _option_number(backend: str, options: Mapping[str, str], key: str, what: str
     try:
         return float(text)
     except ValueError:
-        raise BackendError(f"{backend} option {key} must be {what}, got {text!r}") from None
+        raise BackendOptionError(f"{backend} option {key} must be {what}, got {text!r}") from None
 
 
 def _module(name: str) -> Any:
@@ -182,7 +183,7 @@ def create_backend(
     ``slots`` caps how many trials run at once (``None``: what the backend has room for).
     """
     if slots is not None and slots < 1:
-        raise BackendError(f"--slots must be >= 1, got {slots}")
+        raise BackendOptionError(f"--slots must be >= 1, got {slots}")
     return _module(name).create(space, slots=slots, options=dict(options or {}))
 
 

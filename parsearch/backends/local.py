@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsearch.backends import Finished, check_options, positive_option
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.guard import guarded
 from parsearch.launch.process import NodeRun, free_port, uses_gpu, visible_devices_var
 from parsearch.result import TrialResult, TrialState
+from parsearch.tempdirs import owned_tempdir
 from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
@@ -65,7 +65,7 @@ class LocalBackend:
         self._slots = slots
         self._grace_s = grace_s
         self._keep = workdir is not None
-        self._workdir = workdir or Path(tempfile.mkdtemp(prefix="parsearch-local-"))
+        self._workdir = workdir or owned_tempdir("local")
         self._free = list(range(slots - 1, -1, -1))
         self._running: dict[str, _Trial] = {}
 
@@ -175,6 +175,8 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise BackendError(f"local option workdir: cannot create {workdir}: {error}") from None
+            raise BackendOptionError(
+                f"local option workdir: cannot create {workdir}: {error}"
+            ) from None
     grace_s = positive_option("local", options, "grace", 3.0, "seconds")
     return LocalBackend(space, slots or 1, workdir, grace_s)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsearch.backends import Finished, check_options, positive_option
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.launch.process import uses_gpu
 from parsearch.result import TrialResult, TrialState
@@ -163,6 +163,29 @@ class RayBackend:
             int(node["Resources"].get(resource, 0) // per_node)
             for node in ray.nodes()
             if node.get("Alive")
+        )
+
+    def require_room(self) -> None:
+        """Refuse, before any campaign starts, a cluster too small for one trial: the driver
+        would otherwise find no room, wait, and fail as if nodes had been lost."""
+        if self.capacity:
+            return
+        import ray
+
+        gpu = self.space.allocation.device != "cpu" and self.space.trainer.get("device") != "cpu"
+        resource = "GPU" if gpu else "CPU"
+        per_node = min(self.space.allocation.devices_per_node, self.space.world_size)
+        have = [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n.get("Alive")]
+        fix = (
+            f"start the local cluster with --backend-opt num_cpus={per_node}"
+            if self._owns_ray and not gpu
+            else f"use a cluster with nodes of at least {per_node} {resource}s"
+        )
+        raise BackendOptionError(
+            f"the Ray cluster is smaller than one trial: a trial of {self.space.source} needs "
+            f"{self.space.allocation.nodes} node(s) of {per_node} {resource}s each, and the "
+            f"cluster's {len(have)} alive node(s) have {have or 'no'} {resource}s; {fix}, or "
+            "shrink the space's allocation"
         )
 
     @property
@@ -356,7 +379,7 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
     """A backend on the Ray cluster at ``address``, or on a local one it starts."""
     check_options("ray", options, OPTIONS)
     if "address" in options and "num_cpus" in options:
-        raise BackendError(
+        raise BackendOptionError(
             "ray options address and num_cpus exclude each other: num_cpus sizes a local cluster"
         )
     options = dict(options)
@@ -365,7 +388,9 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise BackendError(f"ray option workdir: cannot create {workdir}: {error}") from None
+            raise BackendOptionError(
+                f"ray option workdir: cannot create {workdir}: {error}"
+            ) from None
         options["workdir"] = str(workdir)
     try:
         import ray  # noqa: F401
@@ -373,4 +398,10 @@ def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str])
         raise BackendError(
             "backend 'ray' needs the package 'ray' (pip install 'parsearch[ray]')"
         ) from None
-    return RayBackend(space, options, slots)
+    backend = RayBackend(space, options, slots)
+    try:
+        backend.require_room()
+    except BaseException:
+        backend.close()
+        raise
+    return backend

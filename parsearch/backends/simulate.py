@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parsearch.backends import Finished, check_options, number_option
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
 from parsearch.trial import TrialSpec
@@ -71,7 +71,7 @@ class SimulateSettings:
             try:
                 offset = sign * parse_bytes(text.lstrip("+-"))
             except ValueError as error:
-                raise BackendError(f"simulate option mem_offset: {error}") from None
+                raise BackendOptionError(f"simulate option mem_offset: {error}") from None
         return cls(
             delay_s=number("delay", 0.0, 0.0),
             jitter=number("jitter", 0.0, 0.0, 1.0),

@@ -10,7 +10,9 @@ strategy all of them at once. Invariants:
   before the strategy hears of it: a crash at any point loses at most running trials, which
   ``resume`` re-queues;
 * a driver whose lease was taken over stops at its next iteration (within ``poll_s``)
-  and writes nothing more: no drain, no interrupted marks, no campaign status.
+  and writes nothing more: no drain, no interrupted marks, no campaign status;
+* a result with impossible figures (not finite, negative, above the peak FLOP/s or any
+  addressable memory) is recorded as an ``error`` and told as a failure, never as a value.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from parsearch import plausible
 from parsearch.backends import Backend, Finished
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
@@ -232,13 +235,18 @@ class Driver:
             record = self.running.pop(item.trial_id, None)
             if record is None:  # cancelled, or not ours
                 continue
-            objective = item.result.objective(self.metric)
+            result = plausible.checked(
+                item.result,
+                objective=self.metric,
+                peak_flops_per_device=self.space.allocation.peak_flops_per_device,
+            )
+            objective = result.objective(self.metric)
             value = objective if isinstance(objective, float) else None
-            record = self.store.finish_trial(record.id, item.result, value)
+            record = self.store.finish_trial(record.id, result, value)
             self._count(record)
             self.observers.trial_finished(self.campaign, record)
             self._finished_here += 1
-            told.append((record, item.result))
+            told.append((record, result))
         self._tell(told)
 
     def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:

@@ -19,11 +19,12 @@ from typing import Any
 from parsearch.backends import Backend, create_backend
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
-from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease
+from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_timeout
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
-from parsearch.errors import ParsearchError, StoreError
+from parsearch.errors import StoreError, UsageError
+from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
 from parsearch.probe.profile import (
     apply_profile,
     profile_from_dict,
@@ -54,10 +55,19 @@ class CampaignSettings:
     machine: str | None = None  # a machine profile given with --machine
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "grace_s", "lease_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ParsearchError(f"{name} must be >= 0 seconds, got {value:g}")
+        """Refuse what would hang or crash a session later (an infinite wait, a NaN lease)."""
+        for option, value, allow_zero in (
+            ("--timeout", self.timeout_s, False),
+            ("--grace", self.grace_s, True),
+        ):
+            try:
+                if value is not None:
+                    seconds(value, allow_zero=allow_zero)
+            except (TypeError, ValueError) as error:
+                raise UsageError(f"{option}: {error}") from None
+        check_lease_timeout(self.lease_timeout_s)
+        if self.slots is not None and not 1 <= self.slots <= MAX_SLOTS:
+            raise UsageError(f"--slots must lie in [1, {MAX_SLOTS}], got {self.slots}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,6 +145,8 @@ def start_campaign(
     if settings.machine:
         space = apply_profile(space, settings.machine)
     name = name or space.name
+    if problem := name_problem(name):
+        raise UsageError(f"campaign name {name[:60]!r} is refused: {problem}")
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
@@ -197,6 +209,12 @@ def resume_campaign(
     """
     if budget is not None:
         _check_budget(budget)
+    if str(store_path) != ":memory:" and not Path(store_path).exists():
+        # Opening it to write would create an empty store where none was meant to be.
+        raise UsageError(
+            f"no store at {store_path}; check the path, or start a campaign there with "
+            f"`parsearch run SPACE --store {store_path}`"
+        )
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         campaign = store.get_campaign(name)
@@ -212,11 +230,12 @@ def _continue(
     stop: StopRequest,
     observers: Observers | None = None,
 ) -> SessionSummary:
-    stored = CampaignSettings.from_dict(campaign.settings)
     overrides = dict(overrides)
-    if overrides.get("backend", stored.backend) != stored.backend:
+    if overrides.get("backend", campaign.backend) != campaign.backend:
         overrides.setdefault("backend_options", {})  # the old backend's do not apply
-    settings = dataclasses.replace(stored, **overrides)
+    # One construction from both, so an override can replace a stored value that is no
+    # longer valid (say a lease timeout below today's minimum).
+    settings = CampaignSettings.from_dict({**campaign.settings, **overrides})
     source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
     space = space_from_dict(campaign.space, source=source)
     if settings.machine and campaign.settings.get("machine_profile"):
@@ -299,6 +318,12 @@ def _session(
         lease = stack.enter_context(
             Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
         )
+        if campaign.status is CampaignStatus.RUNNING:
+            progress.message(
+                f"campaign '{campaign.name}' was left running by a driver that stopped without "
+                "finishing (killed, or an error such as a full disk); its unfinished trials "
+                "run again"
+            )
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,
@@ -366,5 +391,5 @@ def _told_value(record: TrialRecord) -> float | str:
 
 
 def _check_budget(budget: int) -> None:
-    if budget < 1:
-        raise ParsearchError(f"--budget must be >= 1, got {budget}")
+    if not 1 <= budget <= MAX_BUDGET:
+        raise UsageError(f"--budget must lie in [1, {MAX_BUDGET}], got {budget}")

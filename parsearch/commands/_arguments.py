@@ -6,6 +6,9 @@ import argparse
 from typing import Any
 
 from parsearch.backends import BACKENDS, parse_options
+from parsearch.campaign.lease import MAX_STALE_AFTER_S, MIN_STALE_AFTER_S, check_lease_timeout
+from parsearch.errors import UsageError
+from parsearch.inputs import budget, grace_seconds, option, seconds, slots
 from parsearch.units import parse_bytes
 
 
@@ -35,26 +38,28 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
         f"workdir=DIR (an unknown key is refused with the valid ones){keep}",
     )
     parser.add_argument(
-        "--slots", type=int, help=f"trials running at once (default: the backend's){keep}"
+        "--slots",
+        type=option(slots),
+        help=f"trials running at once (default: the backend's){keep}",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=option(seconds),
         metavar="SECONDS",
         help=f"stop this session after SECONDS (drains like SIGTERM){keep}",
     )
     parser.add_argument(
         "--grace",
-        type=float,
+        type=option(grace_seconds),
         metavar="SECONDS",
         help=f"on SIGTERM/SIGINT/SIGUSR1, wait this long for running trials{keep or ' (60)'}",
     )
     parser.add_argument(
         "--lease-timeout",
-        type=float,
+        type=option(lease_seconds),
         metavar="SECONDS",
-        help="a driver silent this long is presumed dead and its campaign taken over"
-        f"{keep or ' (60)'}",
+        help="a driver silent this long is presumed dead and its campaign taken over, "
+        f"{MIN_STALE_AFTER_S:g} to {MAX_STALE_AFTER_S:g}{keep or ' (60)'}",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress display, only the final summary"
@@ -75,6 +80,14 @@ def session_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in given.items() if value is not None}
 
 
+def lease_seconds(text: str) -> float:
+    """``--lease-timeout``: finite, and long enough for its heartbeats."""
+    try:
+        return check_lease_timeout(seconds(text))
+    except UsageError as error:
+        raise ValueError(str(error)) from None
+
+
 def memory_size(text: str) -> int:
     """``--max-mem 60GiB`` (or bytes)."""
     try:
@@ -84,10 +97,5 @@ def memory_size(text: str) -> int:
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    """``--budget`` (and other counts of trials): 1 to :data:`~parsearch.inputs.MAX_BUDGET`."""
+    return option(budget)(text)

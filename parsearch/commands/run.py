@@ -9,6 +9,7 @@ from parsearch.backends import serve_if_worker
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_session_arguments, positive_int, session_overrides
+from parsearch.inputs import MAX_SEED, campaign_name, option, seed
 from parsearch.search import STRATEGY_NAMES
 from parsearch.tracking import add_track_argument, make_observers
 
@@ -25,13 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("space", help="search-space YAML file")
     parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
-    parser.add_argument("--name", help="campaign name (default: the space's name)")
+    parser.add_argument(
+        "--name", type=option(campaign_name), help="campaign name (default: the space's name)"
+    )
     parser.add_argument(
         "--budget",
         type=positive_int,
         help=f"trials to finish (default {DEFAULT_BUDGET}; with --resume, the stored budget)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--seed", type=option(seed), default=0, help=f"random seed, 0 to {MAX_SEED} (default 0)"
+    )
     parser.add_argument(
         "--strategy",
         choices=list(STRATEGY_NAMES),

@@ -10,6 +10,7 @@ from parsearch.campaign.progress import describe_best, format_duration
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
+from parsearch.store import CampaignStatus
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,6 +68,11 @@ def render_text(progress: CampaignProgress, others: list[str]) -> str:
         if progress.driver_stale:
             line += "; it seems dead: `parsearch resume` takes the campaign over"
         lines.append(line)
+    elif campaign.status is CampaignStatus.RUNNING:
+        lines.append(
+            "  driver   none: the last driver stopped without finishing (killed, or an error "
+            "such as a full disk); `parsearch resume` continues the campaign"
+        )
     if others:
         lines.append(f"  other campaigns in this store: {', '.join(others)}")
     return "\n".join(lines)

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ from typing import Any
 from parsearch.launch.guard import guarded
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
+from parsearch.tempdirs import owned_tempdir
 from parsearch.trial import TrialSpec
 
 # Plans one node's run of a trial for its trainer kind: parsearch.trainers.node_run's shape.
@@ -99,7 +99,7 @@ class NodeSlot:
         self.addr = addr or self.host
         self.grace_s = grace_s
         self._keep = workdir is not None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="parsearch-node-"))
+        self.workdir = workdir or owned_tempdir("node")
         self._run: NodeRun | None = None
         self._failed: TrialResult | None = None
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
+import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from parsearch.tempdirs import owned_tempdir
 
 Objective = float | str
 Point = dict[str, Any]
@@ -94,11 +96,11 @@ class BayesianOptimizer:
             self._sampler = _PermutationSampler(self._table(allowed), seed)
             problem.set_sampling_fn(self._sampler)
             n_points = min(n_points, len(self._sampler.table))
-        self._log_dir = tempfile.TemporaryDirectory(prefix="parsearch-cbo-")
+        self._log_dir = owned_tempdir("cbo")  # removed by a later run if this one is killed
         self._search = CBO(
             problem,
             random_state=seed,
-            log_dir=self._log_dir.name,
+            log_dir=str(self._log_dir),
             checkpoint_history_to_csv=False,
             surrogate_model=settings.surrogate_model,
             acq_optimizer=settings.acq_optimizer,
@@ -137,7 +139,7 @@ class BayesianOptimizer:
             self._sampler.table = self._table(allowed)
 
     def close(self) -> None:
-        self._log_dir.cleanup()
+        shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def _table(self, points: Sequence[Point]) -> pd.DataFrame:
         return pd.DataFrame([self._encode(p) for p in points], columns=list(self.names))

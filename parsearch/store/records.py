@@ -56,6 +56,8 @@ class LeaseHolder:
     pid: int
     acquired_at: float
     heartbeat_at: float
+    generation: int = 0
+    stale_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,9 +143,31 @@ def _v2_query_columns(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v3_lease_fencing(conn: sqlite3.Connection) -> None:
+    """Fence drivers by lease generation, and record what takeover needs of the holder.
+
+    ``campaigns.lease_generation`` counts every acquisition of the campaign's lease (it
+    survives the lease row, which a release deletes); a driver writes only while the lease row
+    still carries its owner and generation, checked inside each write's transaction, so a
+    driver that was paused past its lease (SIGSTOP, a partitioned node) and wakes after a
+    takeover is refused instead of overwriting its successor's trials. ``stale_after_s`` is
+    the holder's own takeover threshold, which newcomers must respect; ``process`` identifies
+    the holder's process beyond its pid, so a holder on the same host that has exited is
+    taken over at once (see :mod:`parsearch.store.liveness`).
+    """
+    for statement in (
+        "ALTER TABLE campaigns ADD COLUMN lease_generation INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN stale_after_s REAL",
+        "ALTER TABLE leases ADD COLUMN process TEXT",
+    ):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "campaigns, trials and leases", _v1_tables),
     Migration(2, "indexed objective, tokens_per_s and peak_mem_bytes columns", _v2_query_columns),
+    Migration(3, "lease generation (fencing), holder's threshold and process", _v3_lease_fencing),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

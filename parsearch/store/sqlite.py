@@ -26,6 +26,7 @@ from parsearch.config import ParallelLayout
 from parsearch.errors import CampaignLockedError, StoreError
 from parsearch.result import TrialResult, TrialState
 from parsearch.store.connection import Database
+from parsearch.store.liveness import process_identity, provably_dead
 from parsearch.store.records import (
     CAMPAIGN_COLUMNS,
     TRIAL_COLUMNS,
@@ -94,7 +95,10 @@ class SQLiteStore:
       or it had no effect. Every failure is a :class:`StoreError`.
     * Only the lease holder writes a campaign's trials; the store records the lease but the
       driver is the one that asks for it (:meth:`acquire_lease`) and keeps it alive
-      (:meth:`heartbeat`).
+      (:meth:`heartbeat`). Once a store object has acquired a campaign's lease, each of its
+      writes to that campaign checks, in the write's own transaction, that the lease still
+      carries its owner and generation, and raises :class:`CampaignLockedError` otherwise:
+      a driver that lost its lease cannot change a trial, however late it wakes up.
     * A read-only store can run every query and no write; it sees what writers committed.
     * Methods may be called from several threads (say a heartbeat thread beside the driver
       loop); they are serialised on one connection.
@@ -109,6 +113,8 @@ class SQLiteStore:
         self.path = self._db.path
         self.readonly = readonly
         self._transaction = self._db.transaction
+        # campaign id -> (owner, generation) of each lease this store object acquired
+        self._fences: dict[int, tuple[str, int]] = {}
         try:
             self._prepare_schema()
         except BaseException:
@@ -210,7 +216,9 @@ class SQLiteStore:
                 ).fetchone()
                 if row is None:
                     raise StoreError(
-                        f"store {self.path} has no campaign yet; start one with `parsearch run`"
+                        f"store {self.path} has no campaign yet (a driver killed while "
+                        f"starting one leaves it so); start it with `parsearch run SPACE "
+                        f"--store {self.path}` (or `run --resume`, which also continues one)"
                     )
                 return campaign_from_row(row)
             row = conn.execute(
@@ -254,6 +262,7 @@ class SQLiteStore:
                 raise StoreError(f"campaign status {status!r} is not one of {valid}") from None
         with self._transaction(f"updating campaign {campaign_id}") as conn:
             self._campaign(conn, campaign_id)
+            self._fence(conn, campaign_id)
             if changes:
                 assignments = ", ".join(f"{column} = ?" for column in changes)
                 conn.execute(
@@ -272,51 +281,108 @@ class SQLiteStore:
 
     # -- lease --------------------------------------------------------------------------------
 
-    def acquire_lease(self, campaign_id: int, owner: str, *, stale_after_s: float) -> None:
-        """Make ``owner`` the campaign's only driver.
+    def acquire_lease(self, campaign_id: int, owner: str, *, stale_after_s: float) -> int:
+        """Make ``owner`` the campaign's only driver; return its lease generation.
 
-        Refused with :class:`CampaignLockedError` while another owner's heartbeat is younger
-        than ``stale_after_s``; an older one belongs to a driver that died without releasing,
-        and is taken over. Acquiring again as the holder renews the heartbeat.
+        Refused with :class:`CampaignLockedError` while another owner holds the lease and
+        is alive: its heartbeat is younger than *its own* ``stale_after_s`` (a newcomer's
+        wish never shortens it), and it is not provably dead (an exited process on this
+        host, see :mod:`.liveness`). Otherwise the lease is taken over. Acquiring again as
+        the holder renews the heartbeat. From then on every write of this store object to
+        the campaign is fenced: it is refused, inside its own transaction, once another
+        driver holds the lease.
         """
         with self._transaction(f"taking the lease of campaign {campaign_id}") as conn:
             now = time.time()  # after BEGIN, which may have waited for another writer
             campaign = self._campaign(conn, campaign_id)
             held = conn.execute(
-                "SELECT owner, host, pid, acquired_at, heartbeat_at FROM leases "
-                "WHERE campaign_id = ?",
+                "SELECT owner, host, pid, acquired_at, heartbeat_at, generation, "
+                "stale_after_s, process FROM leases WHERE campaign_id = ?",
                 (campaign_id,),
             ).fetchone()
             acquired_at = now
-            if held is not None:
-                holder, host, pid, since, heartbeat_at = held
-                silent_s = now - heartbeat_at
-                if holder == owner:
-                    acquired_at = since
-                elif silent_s < stale_after_s:
-                    raise CampaignLockedError(
-                        f"campaign '{campaign.name}' is being run by another parsearch driver "
-                        f"on {host} (pid {pid}, owner {holder}) since {_when(since)}; its last "
-                        f"heartbeat was {max(silent_s, 0.0):.0f} s ago. Stop that driver or "
-                        f"wait for it; a driver that died is taken over once its heartbeat "
-                        f"is {stale_after_s:g} s old"
-                    )
-                else:
-                    log.warning(
-                        "taking over campaign '%s' from driver %s on %s (pid %s), silent "
-                        "for %.0f s",
-                        campaign.name,
-                        holder,
-                        host,
-                        pid,
-                        silent_s,
-                    )
+            if held is not None and held[0] == owner:
+                acquired_at, generation = held[3], held[5]
+            else:
+                if held is not None:
+                    self._refuse_or_take_over(campaign.name, held, now, stale_after_s)
+                conn.execute(
+                    "UPDATE campaigns SET lease_generation = lease_generation + 1 WHERE id = ?",
+                    (campaign_id,),
+                )
+                (generation,) = conn.execute(
+                    "SELECT lease_generation FROM campaigns WHERE id = ?", (campaign_id,)
+                ).fetchone()
             conn.execute(
-                "INSERT OR REPLACE INTO leases "
-                "(campaign_id, owner, host, pid, acquired_at, heartbeat_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (campaign_id, owner, socket.gethostname(), os.getpid(), acquired_at, now),
+                "INSERT OR REPLACE INTO leases (campaign_id, owner, host, pid, acquired_at, "
+                "heartbeat_at, generation, stale_after_s, process) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    campaign_id,
+                    owner,
+                    socket.gethostname(),
+                    os.getpid(),
+                    acquired_at,
+                    now,
+                    generation,
+                    stale_after_s,
+                    process_identity(),
+                ),
             )
+        self._fences[campaign_id] = (owner, generation)
+        return generation
+
+    def _refuse_or_take_over(
+        self, name: str, held: tuple[Any, ...], now: float, stale_after_s: float
+    ) -> None:
+        holder, host, pid, since, heartbeat_at, _, holder_stale_s, process = held
+        silent_s = now - heartbeat_at
+        # The holder's threshold, which its heartbeat interval was chosen for; a lease row
+        # from before version 3 (or a nonsense figure) falls back to the newcomer's.
+        threshold = stale_after_s
+        if isinstance(holder_stale_s, float) and math.isfinite(holder_stale_s):
+            threshold = holder_stale_s
+        if host == socket.gethostname() and provably_dead(pid, process):
+            why = f"its process (pid {pid} on this host) has exited"
+        elif silent_s >= threshold:
+            why = f"silent for {silent_s:.0f} s"
+        else:
+            raise CampaignLockedError(
+                f"campaign '{name}' is being run by another parsearch driver "
+                f"on {host} (pid {pid}, owner {holder}) since {_when(since)}; its last "
+                f"heartbeat was {max(silent_s, 0.0):.0f} s ago. Stop that driver or "
+                f"wait for it; a driver that died is taken over once its heartbeat "
+                f"is {threshold:g} s old (the holder's lease timeout)"
+            )
+        log.warning("taking over campaign '%s' from driver %s on %s: %s", name, holder, host, why)
+
+    def _fence(self, conn: sqlite3.Connection, campaign_id: int) -> None:
+        """Refuse a write to a campaign whose lease this store held and has lost since.
+
+        Runs inside the write's own transaction (which holds SQLite's write lock), so no
+        takeover can slip in between the check and the write.
+        """
+        fence = self._fences.get(campaign_id)
+        if fence is None:
+            return
+        owner, generation = fence
+        row = conn.execute(
+            "SELECT owner, generation, host, pid, acquired_at FROM leases WHERE campaign_id = ?",
+            (campaign_id,),
+        ).fetchone()
+        if row is not None and (row[0], row[1]) == (owner, generation):
+            return
+        holder = (
+            f"driver {row[0]} on {row[2]} (pid {row[3]}, lease generation {row[1]}) took it "
+            f"over at {_when(row[4])}"
+            if row
+            else "nobody holds it now"
+        )
+        raise CampaignLockedError(
+            f"driver {owner} lost the lease of campaign {campaign_id} (its generation "
+            f"{generation}): {holder}. This driver was paused or silent past its lease "
+            f"timeout; it stops without writing anything more"
+        )
 
     def heartbeat(self, campaign_id: int, owner: str) -> None:
         """Prove ``owner`` is alive; raises :class:`CampaignLockedError` if it lost the lease.
@@ -348,8 +414,8 @@ class SQLiteStore:
         """The driver holding the campaign's lease (alive or not: see its heartbeat)."""
         with self._transaction(f"reading the lease of campaign {campaign_id}", write=False) as c:
             row = c.execute(
-                "SELECT owner, host, pid, acquired_at, heartbeat_at FROM leases "
-                "WHERE campaign_id = ?",
+                "SELECT owner, host, pid, acquired_at, heartbeat_at, generation, stale_after_s "
+                "FROM leases WHERE campaign_id = ?",
                 (campaign_id,),
             ).fetchone()
         return None if row is None else LeaseHolder(*row)
@@ -360,6 +426,8 @@ class SQLiteStore:
             conn.execute(
                 "DELETE FROM leases WHERE campaign_id = ? AND owner = ?", (campaign_id, owner)
             )
+        if self._fences.get(campaign_id, (None,))[0] == owner:
+            del self._fences[campaign_id]
 
     # -- trials -------------------------------------------------------------------------------
 
@@ -388,6 +456,7 @@ class SQLiteStore:
         predicted_json = None if predicted is None else to_json(predicted, "the prediction")
         with self._transaction(f"adding trial {layout.short()}") as conn:
             self._campaign(conn, campaign_id)
+            self._fence(conn, campaign_id)
             existing = conn.execute(
                 "SELECT number, state FROM trials WHERE campaign_id = ? AND key = ?",
                 (campaign_id, key),
@@ -491,6 +560,7 @@ class SQLiteStore:
         Returns how many; resume re-queues them with :meth:`requeue`.
         """
         with self._transaction(f"interrupting the trials of campaign {campaign_id}") as conn:
+            self._fence(conn, campaign_id)
             return conn.execute(
                 "UPDATE trials SET state = ? WHERE campaign_id = ? AND state IN (?, ?)",
                 (
@@ -523,8 +593,10 @@ class SQLiteStore:
     def _move(
         self, conn: sqlite3.Connection, trial_id: int, allowed: set[TrialState], verb: str
     ) -> None:
-        """Refuse a state change that the contract does not allow from the trial's state."""
+        """Refuse a state change that the contract does not allow from the trial's state,
+        or that a driver which lost the campaign's lease attempts."""
         trial = self._trial(conn, trial_id)
+        self._fence(conn, trial.campaign_id)
         if trial.state not in allowed:
             need = " or ".join(sorted(s.value for s in allowed))
             raise StoreError(

@@ -4,6 +4,7 @@ both the search space (when it is loaded) and the ranks (when they start). Impor
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -41,7 +42,8 @@ def _positive_int(value: Any) -> bool:
 
 
 def _positive_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+    # NaN and infinity are floats too; either would poison every prediction or wait.
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,9 @@ class TrainerSettings:
         for key in ("lr", "weight_decay"):
             if key in values:
                 if not _positive_number(values[key]):
-                    raise fail(f"trainer.{key}", f"must be a positive number, got {values[key]!r}")
+                    raise fail(
+                        f"trainer.{key}", f"must be a positive finite number, got {values[key]!r}"
+                    )
                 values[key] = float(values[key])
         cap = values.get("memory_cap_bytes")
         if cap is not None and not _positive_int(cap):
@@ -132,7 +136,9 @@ def validate_section(section: Mapping[str, Any], fail: Failure) -> dict[str, Any
     data = {**section, "kind": "builtin"}
     if "timeout" in data:
         if not _positive_number(data["timeout"]):
-            raise fail("trainer.timeout", f"must be a positive number, got {data['timeout']!r}")
+            raise fail(
+                "trainer.timeout", f"must be a positive finite number, got {data['timeout']!r}"
+            )
         data["timeout"] = float(data["timeout"])
     data.update({key: getattr(settings, key) for key in ("lr", "weight_decay") if key in data})
     return data

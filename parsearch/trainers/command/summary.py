@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -25,6 +26,18 @@ class NoMeasurement(Exception):
     """The log holds no usable measurement; the message says why."""
 
 
+def _finite(value: Any, what: str, *, positive: bool = True) -> float:
+    """A logged figure that arithmetic can use: finite, and > 0 (or >= 0) as required.
+
+    ``Infinity``, ``NaN`` or ``1e400`` in a log would otherwise divide by zero or overflow
+    below, failing the driver instead of the trial.
+    """
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise NoMeasurement(f"the log reports {what} = {value!r}, which no run can measure")
+    return number
+
+
 def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, Any]:
     """The metrics of one log (raise :class:`NoMeasurement` when it has none)."""
     if scan.summary is not None:
@@ -32,10 +45,11 @@ def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, An
     else:
         metrics = _from_steps(scan.steps, spec, warmup_steps)
     if scan.peak_mem_bytes is not None:
-        metrics["peak_mem_bytes"] = int(scan.peak_mem_bytes)
+        metrics["peak_mem_bytes"] = int(_finite(scan.peak_mem_bytes, "peak memory", positive=False))
     if scan.peak_reserved_bytes is not None:
-        metrics["peak_reserved_bytes"] = int(scan.peak_reserved_bytes)
-        metrics.setdefault("peak_mem_bytes", int(scan.peak_reserved_bytes))
+        reserved = int(_finite(scan.peak_reserved_bytes, "peak reserved memory", positive=False))
+        metrics["peak_reserved_bytes"] = reserved
+        metrics.setdefault("peak_mem_bytes", reserved)
     return metrics
 
 
@@ -56,18 +70,21 @@ def _with_flops(metrics: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
 
 
 def _from_summary(summary: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
-    tokens_per_s = summary["tokens_per_s"]
-    if tokens_per_s <= 0:
-        raise NoMeasurement(f"the JSON summary reports tokens_per_s = {tokens_per_s}")
+    tokens_per_s = _finite(summary["tokens_per_s"], "tokens_per_s")
+    step_time_s = summary.get("step_time_s")
     metrics: dict[str, Any] = {
         "tokens_per_s": tokens_per_s,
-        "step_time_s": summary.get("step_time_s") or _tokens_per_step(spec) / tokens_per_s,
+        "step_time_s": _tokens_per_step(spec) / tokens_per_s
+        if step_time_s is None
+        else _finite(step_time_s, "step_time_s"),
     }
     for key in ("tflops_per_device", "mfu"):
         if key in summary:
-            metrics[f"reported_{key}"] = summary[key]
+            metrics[f"reported_{key}"] = _finite(summary[key], key, positive=False)
     if "peak_mem_bytes" in summary:
-        metrics["peak_mem_bytes"] = int(summary["peak_mem_bytes"])
+        metrics["peak_mem_bytes"] = int(
+            _finite(summary["peak_mem_bytes"], "peak_mem_bytes", positive=False)
+        )
     return _with_flops(metrics, spec)
 
 
@@ -94,9 +111,12 @@ def _from_steps(steps: list[Step], spec: TrialSpec, warmup_steps: int) -> dict[s
         rate = step.tokens_per_s
         if rate is None and step.tokens_per_s_per_device is not None:
             rate = step.tokens_per_s_per_device * spec.layout.world_size
+        if rate is not None:
+            rate = _finite(rate, f"the token rate of step {step.index}")
         time = step.step_time_s if step.step_time_s is not None else tokens / rate if rate else None
-        if time is None or time <= 0:
+        if time is None:
             raise NoMeasurement(f"step {step.index} has neither a step time nor a token rate")
+        time = _finite(time, f"the step time of step {step.index}")
         times.append(time)
         rates.append(rate if rate is not None else tokens / time)
     metrics: dict[str, Any] = {

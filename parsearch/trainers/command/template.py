@@ -4,7 +4,8 @@ A template is a list of arguments (or one string, split like a shell would split
 anything is substituted). Each argument may hold ``{placeholder}`` fields, filled from the
 trial; a filled argument stays exactly one argument whatever its value holds, so a value read
 from a file (``"; rm -rf ~"``) can never become a command. With ``shell: true`` the template
-is one string given to ``/bin/sh -c``, and every substituted value is shell-quoted.
+is one string given to ``/bin/sh -c``, and every substituted value is shell-quoted; a
+placeholder inside the template's own quotes is refused (quoting cannot protect it there).
 
 An argument may also be a *switch*, which expands to zero or more arguments chosen by a
 placeholder's value — how one template serves trainers that take flags rather than values::
@@ -256,6 +257,35 @@ class Switch:
         return [text.render(values) for text in chosen]
 
 
+def _refuse_quoted_placeholders(text: Text, where: str) -> None:
+    """Refuse a shell template that puts a placeholder inside quotes or after a backslash.
+
+    Every filled value is quoted for the shell (``shlex.quote``), which protects it only
+    outside quotes: inside ``"..."`` the quoting itself becomes literal text and ``$(...)``
+    or a backquote in the value would run; inside ``'...'`` a quote in the value ends the
+    string. So the template's own quotes around a placeholder are refused, not guessed at.
+    """
+    quote: str | None = None
+    escaped = False
+    for literal, name in text.parts:
+        for char in literal:
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote != "'":
+                escaped = True
+            elif quote is None and char in "'\"":
+                quote = char
+            elif char == quote:
+                quote = None
+        if name is not None and (quote is not None or escaped):
+            inside = f"inside {quote}...{quote}" if quote else "after a backslash"
+            raise TemplateError(
+                where,
+                f"placeholder {{{name}}} is {inside} in a shell: true command; remove the "
+                "quotes around it: parsearch quotes every filled value for the shell itself",
+            )
+
+
 def _arguments(value: Any, names: set[str] | frozenset[str], where: str) -> tuple[Text, ...]:
     items = value if isinstance(value, list) else [value]
     return tuple(Text.parse(item, names, f"{where}[{i}]") for i, item in enumerate(items))
@@ -276,7 +306,9 @@ class CommandTemplate:
         if shell:
             if not isinstance(command, str) or not command.strip():
                 raise TemplateError(where, "with shell: true the command must be one string")
-            return cls((Text.parse(command, names, where),), shell=True)
+            text = Text.parse(command, names, where)
+            _refuse_quoted_placeholders(text, where)
+            return cls((text,), shell=True)
         if isinstance(command, str):
             try:
                 command = shlex.split(command)

@@ -22,6 +22,7 @@ timeout after enough measured steps still yields them (``ended_by_timeout``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -138,7 +139,9 @@ class CommandSettings:
             )
         if "timeout" in section:
             timeout = section["timeout"]
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+                raise error("trainer.timeout", f"must be a positive number, got {timeout!r}")
+            if not 0 < timeout < math.inf:  # False for NaN: an endless trial is refused
                 raise error("trainer.timeout", f"must be a positive number, got {timeout!r}")
             section["timeout"] = float(timeout)
         names = _placeholder_names(section["vars"], error)
@@ -212,7 +215,9 @@ def _check_parser(section: dict[str, Any], error: Any) -> None:
     for metric, factor in _mapping(section.get("scale", {}), "trainer.scale", error).items():
         if metric not in patterns:
             raise error(f"trainer.scale.{metric}", "scales a metric that has no pattern")
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise error(f"trainer.scale.{metric}", f"must be a positive number, got {factor!r}")
+        if not 0 < factor < math.inf:
             raise error(f"trainer.scale.{metric}", f"must be a positive number, got {factor!r}")
 
 

@@ -1,0 +1,178 @@
+"""Hostile space files: every one either loads or is refused with exit 2 naming the file (and
+the field or line), quickly, without a traceback — the issue's cases, then Hypothesis."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parsearch.cli import main
+from parsearch.errors import SpaceError
+from parsearch.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = (ROOT / "search_spaces" / "tiny-cpu.yaml").read_text()
+BASE = yaml.safe_load(TINY)
+
+
+def _with(path: list[str], value: object) -> dict:
+    """The tiny space with the field at ``path`` set to ``value``."""
+    data = yaml.safe_load(TINY)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+def _refused(tmp_path: Path, text: str | bytes, named: str) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    began = time.monotonic()
+    with pytest.raises(SpaceError) as error:
+        load_space(path)
+    assert time.monotonic() - began < 5
+    message = str(error.value)
+    assert str(path) in message and named in message, message
+    return message
+
+
+BOMB = """name: bomb
+a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+model: {name: *f}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (TINY.replace("nodes: 1", "nodes: " + "9" * 5000), "5000 digits"),
+        (yaml.safe_dump(_with(["allocation", "device_memory"], float("inf"))), "device_memory"),
+        (yaml.safe_dump(_with(["allocation", "device_memory"], "1e400GiB")), "device_memory"),
+        (yaml.safe_dump(_with(["search", "mbs"], {"range": [1, 10**9]})), "search.mbs"),
+        ("model: " + "[" * 10000, "deep"),
+        (BOMB, "aliases"),
+        (BOMB.replace("model: {name: *f}", "description: *f"), "aliases"),
+        ("a: &a [*a]\n", "itself"),
+        (yaml.safe_dump(_with(["allocation", "peak_tflops"], float("nan"))), "peak_tflops"),
+        (yaml.safe_dump(_with(["allocation", "peak_tflops"], float("inf"))), "peak_tflops"),
+        (yaml.safe_dump(_with(["estimate"], {"compute_efficiency": float("nan")})), "efficiency"),
+        (yaml.safe_dump(_with(["trainer", "timeout"], float("inf"))), "trainer.timeout"),
+        (TINY + "\nobjective: mfu\nobjective: tokens_per_s\n", "duplicate key 'objective'"),
+        (yaml.safe_dump(_with(["allocation", "device_memory"], "64gib")), "ambiguous"),
+        (yaml.safe_dump(_with(["allocation", "device_memory"], "64gb")), "ambiguous"),
+        (yaml.safe_dump(_with(["name"], "../escape")), "field 'name'"),
+        (yaml.safe_dump(_with(["name"], "evil\u202egnp.exe")), "U+202E"),
+        (yaml.safe_dump(_with(["description"], {"nested": 1})), "description"),
+        (yaml.safe_dump(_with(["search", "tp"], list(range(1, 5000)))), "search.tp"),
+    ],
+    ids=lambda v: str(v)[:30],
+)
+def test_the_issues_hostile_files_are_refused(tmp_path, text, named):
+    _refused(tmp_path, text, named)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (TINY.encode("utf-16"), "UTF-16"),
+        (TINY.replace("tiny", "tïny").encode("latin-1"), "not UTF-8"),
+        (b"\x7fELF\x02\x01\x01\x00\x00" + bytes(range(256)), "binary"),
+        (b"# " + b"x" * (2 << 20) + b"\n" + TINY.encode(), "larger than"),
+    ],
+    ids=["utf16", "latin1", "binary", "huge"],
+)
+def test_encodings_and_sizes_are_refused(tmp_path, data, named):
+    _refused(tmp_path, data, named)
+
+
+def test_sizes_with_a_space_and_a_bom_load(tmp_path):
+    path = tmp_path / "s.yaml"
+    text = yaml.safe_dump(_with(["allocation", "device_memory"], "64 GiB"))
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_space(path).allocation.device_memory_bytes == 64 * 2**30
+
+
+def test_the_command_line_exits_2_naming_the_file(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: " + "[" * 10000)
+    assert main(["plan", str(path)]) == 2
+    assert str(path) in capsys.readouterr().err
+
+
+# -- Hypothesis: mutate the tiny space's values, anywhere, with anything YAML can hold. --------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.sampled_from(["64GiB", "64 GB", "64gib", "1e400GiB", "-1", "1e308", ".nan", "pow2"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    found = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            found += _paths(child, (*prefix, key))
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            found += _paths(child, (*prefix, i))
+    return found
+
+
+PATHS = _paths(BASE)
+# Bounded: a fixed number of examples, each within a deadline (the budget of this file).
+FUZZ = settings(
+    max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.mark.slow
+@FUZZ
+@given(where=st.sampled_from(PATHS), value=values)
+def test_any_mutated_space_loads_or_names_file_and_field(tmp_path, where, value):
+    data = yaml.safe_load(TINY)
+    node = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    try:
+        space = load_space(path)
+    except SpaceError as error:
+        assert str(path) in str(error)
+        assert "field '" in str(error) or "line" in str(error), str(error)
+    else:
+        space.plan()  # what loads can be planned
+
+
+@FUZZ
+@given(data=st.binary(max_size=400) | st.text(max_size=400).map(str.encode))
+def test_any_bytes_load_or_are_refused_naming_the_file(tmp_path, data):
+    path = tmp_path / "junk.yaml"
+    path.write_bytes(data)
+    try:
+        load_space(path)
+    except SpaceError as error:
+        assert str(path) in str(error)
