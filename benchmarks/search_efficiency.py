@@ -50,8 +50,7 @@ import numpy as np
 
 from parsearch.backends.simulate import SimulateBackend, SimulateSettings, simulate_trial
 from parsearch.campaign.calibration import CalibratedEstimate
-from parsearch.campaign.driver import Driver, DriverSettings
-from parsearch.campaign.lease import Lease
+from parsearch.campaign.api import run_campaign
 from parsearch.campaign.optimizer import CBOSettings
 from parsearch.campaign.strategy import (
     DEFAULT_CBO,
@@ -325,29 +324,13 @@ def campaign(
     """Drive one campaign into ``store_path``; its trials and the driver's s/trial."""
     space = space_named(space_name)
     slots = entry.slots if isinstance(entry, Variant) else 1
-    with open_store(store_path) as store:
-        record = store.create_campaign(
-            space_name, space.raw, seed=seed, budget=budget, objective_metric=space.objective
-        )
-        strategy = build_strategy(entry, space, seed, warm_store)
-        backend = SimulateBackend(machine.truth(space), machine.backend(seed), slots)
-        try:
-            with Lease(store, record.id) as lease:
-                driver = Driver(
-                    store=store,
-                    campaign=record,
-                    space=space,
-                    backend=backend,
-                    strategy=strategy,
-                    lease=lease,
-                    settings=DriverSettings(budget=budget, poll_s=0.05),
-                )
-                start = time.perf_counter()
-                driver.run()
-                wall = time.perf_counter() - start
-        finally:
-            strategy.close()
-        trials = store.trials(record.id)
+    strategy = build_strategy(entry, space, seed, warm_store)
+    backend = SimulateBackend(machine.truth(space), machine.backend(seed), slots)
+    start = time.perf_counter()
+    run_campaign(space, store_path, backend=backend, strategy=strategy, budget=budget, seed=seed)
+    wall = time.perf_counter() - start
+    with open_store(store_path, readonly=True) as store:
+        trials = store.trials(store.get_campaign().id)
     return trials, wall / max(1, len(trials))
 
 

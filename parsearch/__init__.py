@@ -9,14 +9,31 @@ from typing import Any
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import ParsearchError
 
-__all__ = ["AllocationSpec", "ModelSpec", "ParallelLayout", "ParsearchError", "results"]
+__all__ = [
+    "AllocationSpec",
+    "ModelSpec",
+    "ParallelLayout",
+    "ParsearchError",
+    "load_space",
+    "results",
+    "run_campaign",
+]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """``parsearch.results`` (a campaign's trials as a DataFrame) loads pandas on first use."""
+    """``results`` (a campaign's trials as a DataFrame), ``run_campaign`` (a campaign on a
+    backend object) and ``load_space`` load what they need on first use."""
     if name == "results":
         from parsearch.campaign.query import results
 
         return results
+    if name == "run_campaign":
+        from parsearch.campaign.api import run_campaign
+
+        return run_campaign
+    if name == "load_space":
+        from parsearch.space import load_space
+
+        return load_space
     raise AttributeError(f"module 'parsearch' has no attribute {name!r}")
