@@ -94,6 +94,13 @@ class FrozenEstimate(CalibratedEstimate):
         return None
 
 
+class GlobalMemoryEstimate(CalibratedEstimate):
+    """Memory feasibility from the global fit alone, without local evidence (ablation)."""
+
+    def fits(self) -> np.ndarray:
+        return self.memory.fits(self.predicted_mem)
+
+
 @dataclass(frozen=True)
 class Variant:
     """A setting of the default strategy, for ``--settings``."""
@@ -101,9 +108,12 @@ class Variant:
     name: str
     slots: int = 1
     optimizer_every: int = 3
-    region: int = 32
+    region: int | None = 32
     cbo: CBOSettings = DEFAULT_CBO
     calibrated: bool = True
+    local_memory: bool = True
+    residual: bool = True
+    explore: float = 2.0
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -112,22 +122,30 @@ class Variant:
             settings=self.cbo,
             optimizer_every=self.optimizer_every,
             region=self.region,
+            residual=self.residual,
+            explore=self.explore,
         )
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
+        elif not self.local_memory:
+            strategy.estimate = GlobalMemoryEstimate(space, strategy.estimate.items)
         return strategy
 
 
 VARIANTS = (
-    Variant("default (ET, sampling, topk, CBO 1 in 3 of top 32)"),
-    Variant("no online calibration (ablation)", calibrated=False),
-    Variant("no CBO proposals (CBO still told)", optimizer_every=10**9),
-    Variant("CBO 1 in 2", optimizer_every=2),
-    Variant("CBO 1 in 3 of top 128", region=128),
-    Variant("RF surrogate", cbo=CBOSettings(surrogate_model="RF")),
-    Variant("acq_optimizer mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
-    Variant("8 slots, topk", slots=8),
-    Variant("8 slots, qUCB", slots=8, cbo=CBOSettings(multi_point_strategy="qUCB")),
+    Variant("default"),  # ET, sampling, topk, CBO 1 in 3 of the top 32; local memory; residual
+    Variant("previous-default", local_memory=False, residual=False),  # global memory fit
+    Variant("no-residual", residual=False),
+    Variant("no-plateau", explore=0.0),  # residual field, never widened
+    Variant("cbo-every-fit", region=None),  # CBO 1 in 3 over every layout expected to fit
+    Variant("frozen-estimate", calibrated=False),  # no online calibration (ablation)
+    Variant("no-cbo", optimizer_every=10**9),  # CBO still told
+    Variant("cbo-1-in-2", optimizer_every=2),
+    Variant("cbo-top-128", region=128),
+    Variant("rf-surrogate", cbo=CBOSettings(surrogate_model="RF")),
+    Variant("mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
+    Variant("8-slots-topk", slots=8),
+    Variant("8-slots-qucb", slots=8, cbo=CBOSettings(multi_point_strategy="qUCB")),
 )
 
 

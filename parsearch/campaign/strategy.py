@@ -26,6 +26,7 @@ import numpy as np
 from parsearch.campaign.calibration import CalibratedEstimate
 from parsearch.campaign.candidates import Candidate, point_of, raw_layout
 from parsearch.campaign.optimizer import BayesianOptimizer, CBOSettings, Objective
+from parsearch.campaign.residual import Plateau, ResidualField
 from parsearch.campaign.transfer import WarmStart, load_warm_start
 from parsearch.config import ParallelLayout
 from parsearch.errors import ParsearchError
@@ -156,7 +157,10 @@ class GuidedStrategy(Strategy):
         settings: CBOSettings = DEFAULT_CBO,
         warm_start: WarmStart | None = None,
         optimizer_every: int = 3,
-        region: int = 32,
+        region: int | None = 32,
+        residual: bool = True,
+        patience: int = 6,
+        explore: float = 2.0,
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
@@ -170,6 +174,9 @@ class GuidedStrategy(Strategy):
         self._keys = [c.layout.key() for c in items]
         self.optimizer_every = optimizer_every
         self.region = region
+        self.residual = ResidualField([c.layout for c in items]) if residual else None
+        self.plateau = Plateau(patience)
+        self.explore = explore
         self._made = 0  # proposals after the initial ones, for the optimizer's share
         self._pending: set[str] = set()
         if n_seeds is None:
@@ -195,17 +202,32 @@ class GuidedStrategy(Strategy):
         first, each group by calibrated objective (with ``keep_predicted_oom``, those
         expected to fit in memory before the others)."""
         fits = self.estimate.fits()
-        key = (-self.estimate.objective(), ~self.estimate.in_time())
+        key = (-self.scores(), ~self.estimate.in_time())
         if self.keep_predicted_oom:
             return np.lexsort((*key, ~fits))
         allowed = np.flatnonzero(fits)
         return allowed[np.lexsort(tuple(column[allowed] for column in key))]
 
+    def scores(self) -> np.ndarray:
+        """What each item is expected to reach: the calibrated objective, times the learnt
+        residual's posterior mean, and, once the search is stuck (no gain for ``patience``
+        trials), its posterior spread times ``explore``: the search then looks where the
+        estimate has not been checked yet."""
+        objective = self.estimate.objective()
+        if self.residual is None or not self.residual.measurements:
+            return objective
+        mean, spread = self.residual.posterior(objective)
+        kappa = self.explore if self.plateau.stuck else 0.0
+        return objective * np.exp(mean + kappa * spread)
+
     def _unseen_ranked(self) -> list[Candidate]:
         return [self.estimate.items[i] for i in self._ranking() if self._keys[i] not in self.seen]
 
     def _region_points(self) -> list[dict]:
-        return [point_of(self.space, c.layout) for c in self._unseen_ranked()[: self.region]]
+        ranked = self._unseen_ranked()
+        if self.region is not None:
+            ranked = ranked[: self.region]
+        return [point_of(self.space, c.layout) for c in ranked]
 
     def _propose(self, n: int) -> Iterator[Proposal]:
         ranked = self._unseen_ranked()
@@ -265,12 +287,17 @@ class GuidedStrategy(Strategy):
     def tell(self, results: Sequence[tuple[ParallelLayout, Objective]]) -> None:
         self._pending.difference_update(layout.key() for layout, _ in results)
         for layout, value in results:
+            measured = None if isinstance(value, str) else float(value)
+            self.plateau.add(measured)
             if value == f"F_{TrialState.OOM.value}":
                 self.estimate.out_of_memory(layout)
             elif value == f"F_{TrialState.TIMEOUT.value}":
                 self.estimate.timed_out(layout)
-            elif not isinstance(value, str):
-                self.estimate.measured_objective(layout, float(value))
+            elif measured is not None:
+                self.estimate.measured_objective(layout, measured)
+                i = self.estimate.index.get(layout.key())
+                if self.residual is not None and i is not None:
+                    self.residual.add(i, measured)
         if self.optimizer is not None and results:
             region = self._region_points()
             if region:
