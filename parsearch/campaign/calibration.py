@@ -326,7 +326,8 @@ class CalibratedEstimate:
         corrected by the measurements nearest each item and overruled by its twins'
         (:class:`~parsearch.campaign.local_memory.LocalMemory`)."""
         peak, margin = self.local.calibrated(self.memory.peak(self.predicted_mem))
-        margin = self.memory.fit.margin if margin is None else margin
+        # The global fit's margin counts transferred measurements (a warm start) too.
+        margin = self.memory.fit.margin if margin is None else min(margin, self.memory.fit.margin)
         return self.local.fits(peak, self.memory.limit_bytes, margin)
 
     def in_time(self) -> np.ndarray:
