@@ -59,11 +59,14 @@ class LocalMemory:
         self.first_margin = first_margin
         self._peaks: dict[int, tuple[float, float]] = {}  # item -> (measured, weight)
         self._ooms: set[int] = set()
+        self._near: dict[int, np.ndarray] = {}  # item -> kernel to every item, computed once
 
     def add_peak(self, item: int, measured: float, weight: float = 1.0) -> None:
         """Item ``item`` ran and peaked at ``measured`` bytes."""
         if measured > 0 and weight > 0:
             self._peaks[item] = (float(measured), float(weight))
+            if item not in self._near:
+                self._near[item] = kernel(self.features[item : item + 1], self.features)[0]
 
     def add_oom(self, item: int) -> None:
         """Item ``item`` ran out of memory."""
@@ -78,10 +81,10 @@ class LocalMemory:
         measured = np.array([self._peaks[i][0] for i in items])
         weights = np.array([self._peaks[i][1] for i in items])
         error = np.log(measured / global_peak[items])
-        near = kernel(self.features, self.features[items]) * weights
+        near = np.column_stack([self._near[i] for i in items]) * weights
         correction = (near @ error) / (1.0 + near.sum(axis=1))
         # Leave-one-out: how far each measurement is from what the others predict of it.
-        among = kernel(self.features[items], self.features[items]) * weights
+        among = near[items]
         np.fill_diagonal(among, 0.0)
         loo = (among @ error) / (1.0 + among.sum(axis=1))
         spread = 2.5 * 1.4826 * float(np.median(np.abs(error - loo))) if len(items) > 2 else 0.0

@@ -41,11 +41,35 @@ class ResidualField:
         self.features = np.array([features(layout) for layout in layouts])
         self.features[:, :NUMERIC] /= length
         self.amplitude, self.noise = amplitude, noise
-        self._items: dict[int, float] = {}  # item -> measured objective
+        self._items: list[int] = []
+        self._objectives: list[float] = []
+        # Kept up to date one measurement at a time, so a posterior costs O(items x
+        # measurements), not O(items x measurements²): the Cholesky factor of the
+        # measurements' covariance, L⁻¹ times their covariance with every item, and the
+        # posterior variance of every item.
+        self._factor = np.zeros((0, 0))
+        self._projection = np.zeros((0, len(layouts)))
+        self._variance = np.full(len(layouts), amplitude**2)
 
     def add(self, item: int, objective: float) -> None:
-        if objective > 0:
-            self._items[item] = float(objective)
+        """Item ``item`` measured ``objective`` (a repeat measurement is ignored)."""
+        if objective <= 0 or item in self._items:
+            return
+        prior = self.amplitude**2
+        covariance = prior * kernel(self.features[item : item + 1], self.features)[0]
+        row = self._projection[:, item]  # L⁻¹ k(measured, item)
+        pivot = np.sqrt(max(prior + self.noise**2 - row @ row, 1e-12))
+        size = len(self._items)
+        factor = np.zeros((size + 1, size + 1))
+        factor[:size, :size] = self._factor
+        factor[size, :size] = row
+        factor[size, size] = pivot
+        new = (covariance - row @ self._projection) / pivot
+        self._factor = factor
+        self._projection = np.vstack([self._projection, new])
+        self._variance = np.maximum(self._variance - new * new, 1e-12)
+        self._items.append(item)
+        self._objectives.append(float(objective))
 
     @property
     def measurements(self) -> int:
@@ -54,21 +78,19 @@ class ResidualField:
     def posterior(self, calibrated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the log residual of every item, given the
         calibrated objectives of every item now."""
-        size = len(self.features)
         if not self._items:
-            return np.zeros(size), np.full(size, self.amplitude)
-        items = np.fromiter(self._items, dtype=int)
-        residual = np.log(np.array([self._items[i] for i in items]) / calibrated[items])
-        prior = self.amplitude**2
-        gram = prior * kernel(self.features[items], self.features[items])
-        gram[np.diag_indices_from(gram)] += self.noise**2
-        cross = prior * kernel(self.features, self.features[items])
-        factor = np.linalg.cholesky(gram)
-        alpha = np.linalg.solve(factor.T, np.linalg.solve(factor, residual))
-        mean = cross @ alpha
-        v = np.linalg.solve(factor, cross.T)
-        variance = np.maximum(prior - (v * v).sum(axis=0), 1e-12)
-        return mean, np.sqrt(variance)
+            return np.zeros(len(self.features)), np.sqrt(self._variance)
+        residual = np.log(np.array(self._objectives) / calibrated[self._items])
+        whitened = _forward(self._factor, residual)
+        return whitened @ self._projection, np.sqrt(self._variance)
+
+
+def _forward(lower: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``lower⁻¹ b`` for a lower-triangular ``lower`` (forward substitution)."""
+    x = np.zeros_like(b)
+    for i in range(len(b)):
+        x[i] = (b[i] - lower[i, :i] @ x[:i]) / lower[i, i]
+    return x
 
 
 class Plateau:

@@ -171,7 +171,7 @@ class GuidedStrategy(Strategy):
         self.estimate = CalibratedEstimate(space, items)
         if warm_start is not None:
             warm_start.apply(self.estimate)
-        self._keys = [c.layout.key() for c in items]
+        self._keys = [c.key for c in items]
         self.optimizer_every = optimizer_every
         self.region = region
         self.residual = ResidualField([c.layout for c in items]) if residual else None
@@ -240,7 +240,7 @@ class GuidedStrategy(Strategy):
         fresh = [c for c in ranked if (c.layout.tp, c.layout.pp) not in tried]
         taken: set[str] = set()
         for candidate in diverse_top(fresh or ranked, initial) if initial else []:
-            taken.add(candidate.layout.key())
+            taken.add(candidate.key)
             yield Proposal(candidate.layout, "initial", candidate.prediction)
         rest = n - len(taken)
         shares = range(self._made, self._made + rest)
@@ -248,15 +248,15 @@ class GuidedStrategy(Strategy):
         self._made += rest
         proposed = 0
         if self.optimizer is not None and wanted:
-            allowed = {c.layout.key(): c for c in ranked}
+            allowed = {c.key: c for c in ranked}
             # DeepHyper does not know which of its earlier proposals still run; asking for
             # that many more lets a batch strategy (topk) skip them and still fill ``n``.
             for point in self.optimizer.ask(wanted + len(self._pending)):
                 layout = self.space.layout_from_point(point)
                 candidate = allowed.get(layout.key()) if layout else None
-                if candidate is None or candidate.layout.key() in taken:
+                if candidate is None or candidate.key in taken:
                     continue
-                taken.add(candidate.layout.key())
+                taken.add(candidate.key)
                 proposed += 1
                 yield Proposal(candidate.layout, "optimizer", candidate.prediction)
                 if proposed == wanted:
@@ -265,9 +265,9 @@ class GuidedStrategy(Strategy):
         for candidate in ranked:
             if proposed == rest:
                 return
-            if candidate.layout.key() in taken:
+            if candidate.key in taken:
                 continue
-            taken.add(candidate.layout.key())
+            taken.add(candidate.key)
             origin = "estimate" if estimate_picks > 0 else "fallback"
             estimate_picks -= 1
             proposed += 1
@@ -395,8 +395,8 @@ def diverse_top(ranked: Sequence[Candidate], n: int) -> list[Candidate]:
             chosen.append(candidate)
         if len(chosen) == n:
             return chosen
-    keys = {c.layout.key() for c in chosen}
-    rest = [c for c in ranked if c.layout.key() not in keys]
+    keys = {c.key for c in chosen}
+    rest = [c for c in ranked if c.key not in keys]
     return chosen + rest[: n - len(chosen)]
 
 
