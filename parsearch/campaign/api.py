@@ -56,17 +56,20 @@ def run_campaign(
     if not isinstance(space, SearchSpace):
         space = load_space(space)
     name = name or space.name
-    if isinstance(strategy, str):
-        strategy = make_strategy(strategy, space, seed=seed)
-    settings = CampaignSettings(backend=backend.name, strategy=strategy.name, timeout_s=timeout_s)
-    parts = _Parts(strategy, backend)
     stop = StopRequest()
+    parts: _Parts | None = None
     try:
         with stop.on_signals(), open_store(store) as opened:
             if any(c.name == name for c in opened.list_campaigns()):
                 raise StoreError(
                     f"campaign '{name}' already exists in {opened.path}; pass another name"
                 )
+            if isinstance(strategy, str):
+                strategy = make_strategy(strategy, space, seed=seed)
+            parts = _Parts(strategy, backend)
+            settings = CampaignSettings(
+                backend=backend.name, strategy=strategy.name, timeout_s=timeout_s
+            )
             campaign = opened.create_campaign(
                 name,
                 space.raw,
@@ -80,4 +83,9 @@ def run_campaign(
                 opened, campaign, space, settings, Progress(enabled=progress), stop, parts=parts
             )
     finally:
-        parts.close()
+        if parts is not None:
+            parts.close()
+        else:
+            backend.close()
+            if isinstance(strategy, Strategy):
+                strategy.close()

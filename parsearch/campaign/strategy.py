@@ -121,28 +121,35 @@ class GuidedStrategy(Strategy):
 
     Every layout that divides is a candidate; the ones it proposes are those the calibrated
     memory estimate expects to fit (all of them with ``keep_predicted_oom``, those expected
-    to fit first), ranked by the calibrated predicted objective
-    (:class:`~parsearch.campaign.calibration.CalibratedEstimate`), those whose calibrated
-    steps are expected to exceed the trial timeout last. All of it is recomputed after
-    every result, so a layout first predicted out of memory comes in once measured peaks
-    show the estimate too pessimistic, and layouts near the wall drop out once they show it
-    too optimistic. In order, it proposes:
+    to fit first), ranked by :meth:`scores` (the calibrated predicted objective,
+    :class:`~parsearch.campaign.calibration.CalibratedEstimate`, times what a residual field
+    learnt of where the machine departs from it), those whose calibrated steps are expected
+    to exceed the trial timeout last. All of it is recomputed after every result, so a
+    layout first predicted out of memory comes in once measured peaks show the estimate too
+    pessimistic, and layouts near the wall drop out once they show it too optimistic; a
+    layout whose twin (the same but for gradient accumulation, the same predicted memory)
+    fitted is never pruned by the global fit
+    (:class:`~parsearch.campaign.local_memory.LocalMemory`). In order, it proposes:
 
     1. ``initial``: while fewer than ``n_seeds`` layouts have been tried, the best ranked
        layout of a (tp, pp) pair not tried yet (:func:`diverse_top`, re-ranked as results
        come in): the first measurements then differ in what the estimate is least sure of,
        which is what the step-time calibration needs to tell its parts apart;
     2. then, of every ``optimizer_every`` proposals, one is DeepHyper's (``optimizer``: the
-       best of its acquisition among the ``region`` best-ranked untried layouts, with a
-       surrogate that learns from failures as the worst objective) and the others the
-       calibrated estimate's best untried layout (``estimate``); when DeepHyper has nothing
-       new to offer, the estimate's next (``fallback``).
+       best of its acquisition among the ``region`` best-ranked untried layouts, every one
+       expected to fit with ``region=None``, with a surrogate that learns from failures as
+       the worst objective) and the others the best ranked untried layout (``estimate``);
+       when DeepHyper has nothing new to offer, the next ranked (``fallback``).
 
     The estimate, once calibrated, is a far better prior than anything a surrogate learns
-    from a dozen points, so it leads; DeepHyper's share explores what the estimate's
-    structure cannot express (``benchmarks/search_efficiency.py`` measures both, and the
-    settings). ``warm_start`` calibrates before the first trial from another campaign
-    (:mod:`parsearch.campaign.transfer`).
+    from a dozen points, so it leads, but as a prior mean, not a cage: a Gaussian process
+    on ``log(measured / calibrated)`` (:class:`~parsearch.campaign.residual.ResidualField`)
+    re-ranks the layouts around each measurement, and once ``patience`` trials have brought
+    no gain (:class:`~parsearch.campaign.residual.Plateau`) the ranking adds ``explore``
+    times its posterior spread, so the search looks where the estimate was never checked
+    (``benchmarks/search_efficiency.py`` measures these choices on machines of other
+    shapes than the estimate). ``warm_start`` calibrates before the first trial from
+    another campaign (:mod:`parsearch.campaign.transfer`).
     """
 
     name = "default"
