@@ -529,7 +529,8 @@ def main() -> None:
             task = found[0].task
             print(
                 f"[{done}/{len(todo)} tasks, {time.perf_counter() - start:.0f} s] {task.truth} "
-                f"{task.memory} {task.space} seed {task.seed}",
+                f"{task.memory} {task.space} seed {task.seed}: trials to target "
+                + ", ".join(f"{o.label} {o.trials_to_target() or '-'}" for o in found),
                 file=sys.stderr,
                 flush=True,
             )

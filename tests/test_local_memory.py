@@ -1,5 +1,6 @@
 """Memory feasibility from local evidence: twins, nearest measurements, out-of-memory bounds."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,26 @@ def test_nearest_measurements_correct_their_region_only(space):
     assert ratio[tp8[:4]].min() > 1.15  # at the measurements: corrected (shrunk) upwards
     assert np.median(ratio[tp1]) == pytest.approx(1.0, abs=0.01)  # three log2 steps away
     assert margin is not None and margin <= MAX_MARGIN
+
+
+def test_a_twin_in_another_dimension_with_the_same_predicted_memory_counts_too():
+    space = load_space(SPACE.parent / "llama3-70b-h100.yaml")
+    plan = space.plan()
+    layouts = [layout for layout, _ in plan.feasible + plan.predicted_oom]
+    predicted = np.array([p.memory.total for _, p in plan.feasible + plan.predicted_oom])
+    keys = {lay.key(): i for i, lay in enumerate(layouts)}
+    pairs = [
+        (i, keys[other.key()])
+        for i, lay in enumerate(layouts)
+        if lay.recompute == "none"
+        and (other := dataclasses.replace(lay, recompute="selective")).key() in keys
+        and predicted[keys[other.key()]] == pytest.approx(predicted[i], rel=1e-4)
+    ]
+    assert pairs  # under flash attention, selective recompute keeps what none keeps
+    measured, twin = pairs[0]
+    local = LocalMemory(layouts, predicted)
+    pessimistic = predicted * 1.3  # a global fit that prunes both
+    limit = float(predicted[measured]) * 1.05
+    assert not local.fits(pessimistic, limit, 0.0)[twin]
+    local.add_peak(measured, float(predicted[measured]))
+    assert local.fits(pessimistic, limit, 0.0)[twin]

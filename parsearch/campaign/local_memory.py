@@ -7,11 +7,13 @@ communicator), the fit's slope and spread absorb the mismatch, its margin grows,
 layouts at the memory wall, where the optimum lives, are pruned although their closest
 relatives were measured and fitted. Three kinds of local evidence correct that:
 
-* **twins**: layouts that differ only in gradient accumulation and are predicted to need
-  the same memory (under 1F1B, gas beyond pp adds no activation in flight). Within such a
-  family predicted memory only grows with gas, so a measured fit says every member
-  predicted to need no more fits too, and an out-of-memory trial says every member
-  predicted to need as much or more does not; this overrides any fit;
+* **twins**: layouts that differ in one dimension only and are predicted to need the same
+  memory (gas beyond pp under 1F1B, selective recompute under flash attention: the
+  estimate says that dimension does not change memory there); and layouts that differ
+  only in gradient accumulation, within which predicted memory only grows with gas. A
+  measured fit says every twin (every gas sibling predicted to need no more) fits too, an
+  out-of-memory trial that every twin (every sibling predicted to need as much or more)
+  does not; this overrides any fit;
 * **nearest measured**: the global fit's error at each measured layout (measured over
   calibrated peak), carried to the layouts around it by a kernel over the layout's
   dimensions (:func:`~parsearch.campaign.residual.kernel`: log2 steps of tp, pp, dp,
@@ -60,17 +62,38 @@ class LocalMemory:
         self._peaks: dict[int, tuple[float, float]] = {}  # item -> (measured, weight)
         self._ooms: set[int] = set()
         self._near: dict[int, np.ndarray] = {}  # item -> kernel to every item, computed once
+        # Layouts that differ in one dimension only, by (dimension, the other values).
+        self._fields = [_fields(layout) for layout in layouts]
+        self._one_apart: dict[tuple, list[int]] = {}
+        for item, fields in enumerate(self._fields):
+            for d in range(len(fields)):
+                self._one_apart.setdefault((d, fields[:d] + fields[d + 1 :]), []).append(item)
+        self._proven = np.zeros(len(layouts), dtype=bool)
+        self._refuted = np.zeros(len(layouts), dtype=bool)
 
     def add_peak(self, item: int, measured: float, weight: float = 1.0) -> None:
         """Item ``item`` ran and peaked at ``measured`` bytes."""
         if measured > 0 and weight > 0:
             self._peaks[item] = (float(measured), float(weight))
+            self._proven[self._same_memory(item)] = True
             if item not in self._near:
                 self._near[item] = kernel(self.features[item : item + 1], self.features)[0]
 
     def add_oom(self, item: int) -> None:
         """Item ``item`` ran out of memory."""
         self._ooms.add(item)
+        self._refuted[self._same_memory(item)] = True
+
+    def _same_memory(self, item: int) -> list[int]:
+        """Layouts that differ from ``item`` in one dimension and are predicted to need the
+        same memory: the estimate says that dimension does not change memory there."""
+        fields, predicted = self._fields[item], self.predicted[item]
+        twins = {item}
+        for d in range(len(fields)):
+            for other in self._one_apart[(d, fields[:d] + fields[d + 1 :])]:
+                if abs(self.predicted[other] - predicted) <= 1e-3 * predicted:
+                    twins.add(other)
+        return sorted(twins)
 
     def calibrated(self, global_peak: np.ndarray) -> tuple[np.ndarray, float | None]:
         """Every item's peak: the global fit's times the nearest measurements' correction,
@@ -112,9 +135,23 @@ class LocalMemory:
             family = self.family[item]
             failed[family] = min(failed[family], self.predicted[item])
         tolerance = 1e-9 * self.predicted
-        known_fit = self.predicted <= fitted[self.family] + tolerance
-        known_oom = self.predicted >= failed[self.family] - tolerance
+        known_fit = (self.predicted <= fitted[self.family] + tolerance) | self._proven
+        known_oom = (self.predicted >= failed[self.family] - tolerance) | self._refuted
         return known_fit & ~known_oom, known_oom
+
+
+def _fields(layout: ParallelLayout) -> tuple:
+    return (
+        layout.tp,
+        layout.pp,
+        layout.dp,
+        layout.mbs,
+        layout.gas,
+        layout.zero_stage,
+        layout.recompute,
+        layout.vpp,
+        layout.sequence_parallel,
+    )
 
 
 def _family(layout: ParallelLayout) -> tuple:
