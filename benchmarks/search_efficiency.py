@@ -1,36 +1,31 @@
-"""Search efficiency: how many trials each strategy needs to reach 97% of the true optimum.
+"""Search efficiency: trials and node-hours each strategy needs to reach 97% of the optimum.
 
-Every campaign runs the real driver in-process, with a real store (a temporary file) and
-the ``simulate`` backend, one slot, for ``--budget`` trials. The strategies:
+Every campaign runs the real driver in-process through ``parsearch.run_campaign``, with a
+real store (a temporary file) and a :class:`truths.TruthBackend` (one slot, trials answered
+at once), for ``--budget`` trials. The strategies:
 
-* ``default``: parsearch's (rules + calibrated estimate + DeepHyper CBO, see
-  :class:`parsearch.campaign.strategy.GuidedStrategy`);
+* ``default``: parsearch's (rules + calibrated estimate with local memory evidence and a
+  residual field + DeepHyper CBO, see :class:`parsearch.campaign.strategy.GuidedStrategy`);
 * ``cbo-raw``: DeepHyper's CBO on the raw product of the searched dimensions;
 * ``random``: uniform sampling without replacement over the raw space;
 * ``grid``: the order a person would try (:class:`PersonGrid`).
 
-**What "true" means.** The simulated machine is *not* the estimate. Its answer for a layout
-is the ``simulate`` backend's for a *mismatched* copy of the space (:data:`MACHINES`): other
-compute efficiency and small-GEMM penalty, a slower inter-node network, less overlap of the
-data-parallel reduction, higher collective latency and another runtime memory overhead
-(the offset); times the backend's per-layout log-normal noise (sigma ``NOISE``, seeded by
-the campaign seed and the layout, so a layout always measures the same in one seed); and
-peak memory the mismatched copy's prediction times the backend's ``mem_factor``, above the
-space's limit an out-of-memory trial. The exhaustive optimum of a seed is the best
-objective that machine reports over every layout that divides (a few thousand ``simulate``
-calls); reaching 97% of it means a trial measured at least 0.97 of that. Two machines: one
-whose memory the estimate underestimates ("heavier": ~+15%) and one it overestimates
-("lighter": ~-15%).
+**What "true" means.** The machine is *not* the estimate: :mod:`truths` has a rescaled
+estimate, an independent analytic model written from the papers and the estimate times a
+smooth random field, each with three memory directions (as is, x1.2, x0.85) and a
+per-layout noise. The exhaustive optimum of a cell is the best the truth reports over
+every layout that divides; reaching 97% of it means a trial measured at least 0.97 of it.
 
 Trials are every proposal the driver records, including raw-space layouts that do not
 divide (``infeasible``: recorded without running). ``random``'s trials to target beyond the
-budget are read off its proposal order, which does not depend on results. ``ms/trial`` is
-the driver's wall time per trial (ask, three store transactions, tell) with trials answered
-instantly, while ``--jobs`` campaigns share the machine. ``--settings`` compares settings
-of the default strategy instead (:data:`VARIANTS`), an ablation of online calibration
-included.
+budget are read off its proposal order, which does not depend on results. Node-hours count
+each trial as the allocation's nodes x (a fixed start-up + its timed steps), see
+:meth:`truths.Truth.node_seconds`. ``ms/trial`` is the driver's wall time per trial with
+trials answered instantly, while ``--jobs`` campaigns share the machine. ``--settings``
+compares settings of the default strategy instead (:data:`VARIANTS`).
 
     .venv/bin/python benchmarks/search_efficiency.py [--quick] [--settings] [--seeds N]
+        [--truths ...] [--memory ...] [--spaces ...] [--strategies ...]
 """
 
 from __future__ import annotations
