@@ -109,6 +109,7 @@ class Variant:
     local_memory: bool = True
     residual: bool = True
     explore: float = 2.0
+    patience: int = 6
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -119,6 +120,7 @@ class Variant:
             region=self.region,
             residual=self.residual,
             explore=self.explore,
+            patience=self.patience,
         )
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
@@ -132,6 +134,8 @@ VARIANTS = (
     Variant("previous-default", local_memory=False, residual=False),  # global memory fit
     Variant("no-residual", residual=False),
     Variant("no-plateau", explore=0.0),  # residual field, never widened
+    Variant("patience-3", patience=3),  # widened after 3 trials without a 1% gain
+    Variant("explore-4", explore=4.0),  # widened twice as far
     Variant("cbo-every-fit", region=None),  # CBO 1 in 3 over every layout expected to fit
     Variant("frozen-estimate", calibrated=False),  # no online calibration (ablation)
     Variant("no-cbo", optimizer_every=10**9),  # CBO still told

@@ -61,7 +61,8 @@ class LocalMemory:
         self.first_margin = first_margin
         self._peaks: dict[int, tuple[float, float]] = {}  # item -> (measured, weight)
         self._ooms: set[int] = set()
-        self._near: dict[int, np.ndarray] = {}  # item -> kernel to every item, computed once
+        # Column k: the kernel from the k-th measured item to every item, computed once.
+        self._near = np.zeros((len(layouts), 16))
         # Layouts that differ in one dimension only, by (dimension, the other values).
         self._fields = [_fields(layout) for layout in layouts]
         self._one_apart: dict[tuple, list[int]] = {}
@@ -76,8 +77,10 @@ class LocalMemory:
         if measured > 0 and weight > 0:
             self._peaks[item] = (float(measured), float(weight))
             self._proven[self._same_memory(item)] = True
-            if item not in self._near:
-                self._near[item] = kernel(self.features[item : item + 1], self.features)[0]
+            column = list(self._peaks).index(item)
+            if column == self._near.shape[1]:
+                self._near = np.hstack([self._near, np.zeros_like(self._near)])
+            self._near[:, column] = kernel(self.features[item : item + 1], self.features)[0]
 
     def add_oom(self, item: int) -> None:
         """Item ``item`` ran out of memory."""
@@ -104,10 +107,10 @@ class LocalMemory:
         measured = np.array([self._peaks[i][0] for i in items])
         weights = np.array([self._peaks[i][1] for i in items])
         error = np.log(measured / global_peak[items])
-        near = np.column_stack([self._near[i] for i in items]) * weights
-        correction = (near @ error) / (1.0 + near.sum(axis=1))
+        near = self._near[:, : len(items)]
+        correction = (near @ (weights * error)) / (1.0 + near @ weights)
         # Leave-one-out: how far each measurement is from what the others predict of it.
-        among = near[items]
+        among = near[items] * weights
         np.fill_diagonal(among, 0.0)
         loo = (among @ error) / (1.0 + among.sum(axis=1))
         spread = 2.5 * 1.4826 * float(np.median(np.abs(error - loo))) if len(items) > 2 else 0.0
