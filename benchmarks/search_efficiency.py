@@ -108,7 +108,7 @@ class Variant:
     calibrated: bool = True
     local_memory: bool = True
     residual: bool = True
-    explore: float = 4.0
+    explore: float = 2.0
     patience: int = 6
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
@@ -135,7 +135,7 @@ VARIANTS = (
     Variant("no-residual", residual=False),
     Variant("no-plateau", explore=0.0),  # residual field, never widened
     Variant("patience-3", patience=3),  # widened after 3 trials without a 1% gain
-    Variant("explore-2", explore=2.0),  # widened half as far
+    Variant("explore-4", explore=4.0),  # widened twice as far
     Variant("cbo-every-fit", region=None),  # CBO 1 in 3 over every layout expected to fit
     Variant("frozen-estimate", calibrated=False),  # no online calibration (ablation)
     Variant("no-cbo", optimizer_every=10**9),  # CBO still told

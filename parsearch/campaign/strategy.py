@@ -167,7 +167,7 @@ class GuidedStrategy(Strategy):
         region: int | None = 32,
         residual: bool = True,
         patience: int = 6,
-        explore: float = 4.0,
+        explore: float = 2.0,
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
