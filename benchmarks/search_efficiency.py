@@ -1,44 +1,39 @@
-"""Search efficiency: how many trials each strategy needs to reach 97% of the true optimum.
+"""Search efficiency: trials and node-hours each strategy needs to reach 97% of the optimum.
 
-Every campaign runs the real driver in-process, with a real store (a temporary file) and
-the ``simulate`` backend, one slot, for ``--budget`` trials. The strategies:
+Every campaign runs the real driver in-process through ``parsearch.run_campaign``, with a
+real store (a temporary file) and a :class:`truths.TruthBackend` (one slot, trials answered
+at once), for ``--budget`` trials. The strategies:
 
-* ``default``: parsearch's (rules + calibrated estimate + DeepHyper CBO, see
-  :class:`parsearch.search.strategy.GuidedStrategy`);
+* ``default``: parsearch's (rules + calibrated estimate with local memory evidence and a
+  residual field + DeepHyper CBO, see :class:`parsearch.search.strategy.GuidedStrategy`);
 * ``cbo-raw``: DeepHyper's CBO on the raw product of the searched dimensions;
 * ``random``: uniform sampling without replacement over the raw space;
 * ``grid``: the order a person would try (:class:`PersonGrid`).
 
-**What "true" means.** The simulated machine is *not* the estimate. Its answer for a layout
-is the ``simulate`` backend's for a *mismatched* copy of the space (:data:`MACHINES`): other
-compute efficiency and small-GEMM penalty, a slower inter-node network, less overlap of the
-data-parallel reduction, higher collective latency and another runtime memory overhead
-(the offset); times the backend's per-layout log-normal noise (sigma ``NOISE``, seeded by
-the campaign seed and the layout, so a layout always measures the same in one seed); and
-peak memory the mismatched copy's prediction times the backend's ``mem_factor``, above the
-space's limit an out-of-memory trial. The exhaustive optimum of a seed is the best
-objective that machine reports over every layout that divides (a few thousand ``simulate``
-calls); reaching 97% of it means a trial measured at least 0.97 of that. Two machines: one
-whose memory the estimate underestimates ("heavier": ~+15%) and one it overestimates
-("lighter": ~-15%).
+**What "true" means.** The machine is *not* the estimate: :mod:`truths` has a rescaled
+estimate, an independent analytic model written from the papers and the estimate times a
+smooth random field, each with three memory directions (as is, x1.2, x0.85) and a
+per-layout noise. The exhaustive optimum of a cell is the best the truth reports over
+every layout that divides; reaching 97% of it means a trial measured at least 0.97 of it.
 
 Trials are every proposal the driver records, including raw-space layouts that do not
 divide (``infeasible``: recorded without running). ``random``'s trials to target beyond the
-budget are read off its proposal order, which does not depend on results. ``ms/trial`` is
-the driver's wall time per trial (ask, three store transactions, tell) with trials answered
-instantly, while ``--jobs`` campaigns share the machine. ``--settings`` compares settings
-of the default strategy instead (:data:`VARIANTS`), an ablation of online calibration
-included.
+budget are read off its proposal order, which does not depend on results. Node-hours count
+each trial as the allocation's nodes x (a fixed start-up + its timed steps), see
+:meth:`truths.Truth.node_seconds`. ``ms/trial`` is the driver's wall time per trial with
+trials answered instantly, while ``--jobs`` campaigns share the machine. ``--settings``
+compares settings of the default strategy instead (:data:`VARIANTS`).
 
     .venv/bin/python benchmarks/search_efficiency.py [--quick] [--settings] [--seeds N]
+        [--truths ...] [--memory ...] [--spaces ...] [--strategies ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -47,13 +42,12 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from truths import MEMORY, TRUTHS, Truth, TruthBackend
 
-from parsearch.backends.simulate import SimulateBackend, SimulateSettings, simulate_trial
-from parsearch.campaign.driver import Driver, DriverSettings
-from parsearch.campaign.lease import Lease
+from parsearch.campaign.api import run_campaign
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
 from parsearch.query import load_warm_start
-from parsearch.result import TrialResult, TrialState
+from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.optimizer import CBOSettings
 from parsearch.search.strategy import (
@@ -66,7 +60,6 @@ from parsearch.search.strategy import (
 )
 from parsearch.space import SearchSpace, load_space
 from parsearch.store import TrialRecord, open_store
-from parsearch.trial import TrialSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = (
@@ -78,52 +71,7 @@ SPACES = (
 )
 STRATEGY_NAMES = ("default", "cbo-raw", "random", "grid")
 TARGET = 0.97
-NOISE = 0.05
-GIB = 2**30
 WARM_SOURCE, WARM_TARGET, WARM_SOURCE_BUDGET = "gpt-175b-frontier", "gpt-1t-frontier", 30
-
-
-@dataclass(frozen=True)
-class Machine:
-    """How the simulated machine departs from the space's estimate (factors on its knobs)."""
-
-    name: str
-    compute_efficiency: float = 0.48 / 0.55
-    small_gemm_penalty: float = 4.0
-    inter_node_bandwidth: float = 0.5
-    dp_exposed: float = 0.7 / 0.3
-    collective_latency: float = 100e-6 / 30e-6
-    runtime_overhead_gib: float = 0.0
-    mem_factor: float = 1.0
-
-    def truth(self, space: SearchSpace) -> SearchSpace:
-        estimate, allocation = space.estimate, space.allocation
-        estimate = dataclasses.replace(
-            estimate,
-            compute_efficiency=estimate.compute_efficiency * self.compute_efficiency,
-            gemm_half_efficiency_elements=estimate.gemm_half_efficiency_elements
-            * self.small_gemm_penalty,
-            dp_overlap=1 - (1 - estimate.dp_overlap) * self.dp_exposed,
-            collective_latency_s=estimate.collective_latency_s * self.collective_latency,
-            runtime_overhead_bytes=int(
-                estimate.runtime_overhead_bytes + self.runtime_overhead_gib * GIB
-            ),
-        )
-        allocation = dataclasses.replace(
-            allocation,
-            inter_node_bandwidth_bytes_per_s=allocation.inter_node_bandwidth_bytes_per_s
-            * self.inter_node_bandwidth,
-        )
-        return dataclasses.replace(space, estimate=estimate, allocation=allocation)
-
-    def backend(self, seed: int) -> SimulateSettings:
-        return SimulateSettings(noise=NOISE, mem_factor=self.mem_factor, seed=seed)
-
-
-MACHINES = (
-    Machine("heavier", runtime_overhead_gib=1.0, mem_factor=1.12),
-    Machine("lighter", runtime_overhead_gib=-1.0, mem_factor=0.88),
-)
 
 
 class FrozenEstimate(CalibratedEstimate):
@@ -142,6 +90,13 @@ class FrozenEstimate(CalibratedEstimate):
         return None
 
 
+class GlobalMemoryEstimate(CalibratedEstimate):
+    """Memory feasibility from the global fit alone, without local evidence (ablation)."""
+
+    def fits(self) -> np.ndarray:
+        return self.memory.fits(self.predicted_mem)
+
+
 @dataclass(frozen=True)
 class Variant:
     """A setting of the default strategy, for ``--settings``."""
@@ -149,9 +104,13 @@ class Variant:
     name: str
     slots: int = 1
     optimizer_every: int = 3
-    region: int = 32
+    region: int | None = 32
     cbo: CBOSettings = DEFAULT_CBO
     calibrated: bool = True
+    local_memory: bool = True
+    residual: bool = True
+    explore: float = 2.0
+    patience: int = 6
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -160,22 +119,33 @@ class Variant:
             settings=self.cbo,
             optimizer_every=self.optimizer_every,
             region=self.region,
+            residual=self.residual,
+            explore=self.explore,
+            patience=self.patience,
         )
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
+        elif not self.local_memory:
+            strategy.estimate = GlobalMemoryEstimate(space, strategy.estimate.items)
         return strategy
 
 
 VARIANTS = (
-    Variant("default (ET, sampling, topk, CBO 1 in 3 of top 32)"),
-    Variant("no online calibration (ablation)", calibrated=False),
-    Variant("no CBO proposals (CBO still told)", optimizer_every=10**9),
-    Variant("CBO 1 in 2", optimizer_every=2),
-    Variant("CBO 1 in 3 of top 128", region=128),
-    Variant("RF surrogate", cbo=CBOSettings(surrogate_model="RF")),
-    Variant("acq_optimizer mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
-    Variant("8 slots, topk", slots=8),
-    Variant("8 slots, qUCB", slots=8, cbo=CBOSettings(multi_point_strategy="qUCB")),
+    Variant("default"),  # ET, sampling, topk, CBO 1 in 3 of the top 32; local memory; residual
+    Variant("previous-default", local_memory=False, residual=False),  # global memory fit
+    Variant("no-residual", residual=False),
+    Variant("no-plateau", explore=0.0),  # residual field, never widened
+    Variant("patience-3", patience=3),  # widened after 3 trials without a 1% gain
+    Variant("explore-4", explore=4.0),  # widened twice as far
+    Variant("cbo-every-fit", region=None),  # CBO 1 in 3 over every layout expected to fit
+    Variant("frozen-estimate", calibrated=False),  # no online calibration (ablation)
+    Variant("no-cbo", optimizer_every=10**9),  # CBO still told
+    Variant("cbo-1-in-2", optimizer_every=2),
+    Variant("cbo-top-128", region=128),
+    Variant("rf-surrogate", cbo=CBOSettings(surrogate_model="RF")),
+    Variant("mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
+    Variant("8-slots-topk", slots=8),
+    Variant("8-slots-qucb", slots=8, cbo=CBOSettings(multi_point_strategy="qUCB")),
 )
 
 
@@ -224,32 +194,35 @@ class PersonGrid(Strategy):
 
 @dataclass(frozen=True)
 class Task:
-    """Every strategy's campaign on one space, machine and seed (one exhaustive optimum)."""
+    """Every strategy's campaign on one space, truth, memory direction and seed."""
 
     space: str
-    machine: Machine
+    truth: str
+    memory: str
     seed: int
     budget: int
     strategies: tuple[str | Variant, ...] = STRATEGY_NAMES
     warm: bool = False
 
+    def make_truth(self, space_name: str | None = None) -> Truth:
+        space = space_named(space_name or self.space)
+        return TRUTHS[self.truth](space, self.seed, MEMORY[self.memory])
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """One campaign: objectives in trial order (``None``: failed), states, driver time."""
+    """One campaign: objectives in trial order (``None``: failed), states, node-seconds."""
 
-    space: str
-    machine: Machine
-    seed: int
+    task: Task
     strategy: str
     warm: bool
-    budget: int
     objectives: list[float | None]
     states: list[str]
+    node_seconds: list[float]
     seconds_per_trial: float
     optimum: float
-    optimum_predicted_oom: bool
-    uncapped_trials: int | None = None
+    optimum_rank: int | None  # the optimum's rank by the estimate (None: predicted OOM)
+    uncapped: tuple[int, float] | None = None  # random's (trials, node-seconds) to target
 
     @property
     def label(self) -> str:
@@ -258,13 +231,19 @@ class Outcome:
     def best_so_far(self) -> np.ndarray:
         values = np.array([v if v is not None else 0.0 for v in self.objectives])
         curve = np.maximum.accumulate(values) / self.optimum if len(values) else values
-        return np.pad(curve, (0, self.budget - len(curve)), mode="edge")
+        return np.pad(curve, (0, self.task.budget - len(curve)), mode="edge")
 
     def trials_to_target(self) -> int | None:
-        if self.uncapped_trials is not None:
-            return self.uncapped_trials
+        if self.uncapped is not None:
+            return self.uncapped[0]
         reached = np.flatnonzero(self.best_so_far() >= TARGET)
         return int(reached[0]) + 1 if len(reached) else None
+
+    def node_hours_to_target(self) -> float | None:
+        if self.uncapped is not None:
+            return self.uncapped[1] / 3600
+        needed = self.trials_to_target()
+        return None if needed is None else sum(self.node_seconds[:needed]) / 3600
 
     def fraction(self, state: TrialState) -> float:
         return self.states.count(state.value) / max(1, len(self.states))
@@ -275,32 +254,23 @@ def space_named(name: str) -> SearchSpace:
     return load_space(ROOT / "search_spaces" / f"{name}.yaml")
 
 
-def measure(space: SearchSpace, machine: Machine, seed: int, layout: ParallelLayout) -> TrialResult:
-    """What the simulated machine reports for ``layout`` in ``seed``."""
-    truth = machine.truth(space)
-    spec = TrialSpec(
-        trial_id="probe",
-        model=truth.model,
-        layout=layout,
-        allocation=truth.allocation,
-        trainer=dict(truth.trainer),
-        timeout_s=truth.trial_timeout_s,
-        seed=seed,
-    )
-    return simulate_trial(truth, spec, machine.backend(seed))
-
-
-def exhaustive_optimum(
-    space: SearchSpace, machine: Machine, seed: int
-) -> tuple[float, ParallelLayout]:
-    """The best objective the simulated machine reports over every dividing layout."""
+def exhaustive_optimum(truth: Truth) -> tuple[float, ParallelLayout]:
+    """The best objective the truth reports over every dividing layout."""
+    space = truth.space
     plan = space.plan()
     best = (0.0, plan.feasible[0][0])
     for layout, _ in plan.feasible + plan.predicted_oom:
-        result = measure(space, machine, seed, layout)
+        result = truth.measure(layout)
         if result.ok:
             best = max(best, (float(result.metrics[space.objective]), layout))
     return best
+
+
+def estimate_rank(space: SearchSpace, layout: ParallelLayout) -> int | None:
+    """Where the estimate ranks ``layout`` among those it predicts to fit."""
+    ranked = sorted(space.plan().feasible, key=lambda item: -getattr(item[1], space.objective))
+    keys = [candidate.key() for candidate, _ in ranked]
+    return keys.index(layout.key()) + 1 if layout.key() in keys else None
 
 
 def build_strategy(
@@ -315,48 +285,33 @@ def build_strategy(
 
 
 def campaign(
-    space_name: str,
-    machine: Machine,
+    truth: Truth,
     entry: str | Variant,
-    seed: int,
     budget: int,
     store_path: Path,
     warm_store: Path | None = None,
 ) -> tuple[list[TrialRecord], float]:
-    """Drive one campaign into ``store_path``; its trials and the driver's s/trial."""
-    space = space_named(space_name)
+    """Drive one campaign on ``truth`` into ``store_path``; its trials and the driver's
+    s/trial."""
+    space, seed = truth.space, truth.seed
     slots = entry.slots if isinstance(entry, Variant) else 1
-    with open_store(store_path) as store:
-        record = store.create_campaign(
-            space_name, space.raw, seed=seed, budget=budget, objective_metric=space.objective
-        )
-        strategy = build_strategy(entry, space, seed, warm_store)
-        backend = SimulateBackend(machine.truth(space), machine.backend(seed), slots)
-        try:
-            with Lease(store, record.id) as lease:
-                driver = Driver(
-                    store=store,
-                    campaign=record,
-                    space=space,
-                    backend=backend,
-                    strategy=strategy,
-                    lease=lease,
-                    settings=DriverSettings(budget=budget, poll_s=0.05),
-                )
-                start = time.perf_counter()
-                driver.run()
-                wall = time.perf_counter() - start
-        finally:
-            strategy.close()
-        trials = store.trials(record.id)
+    strategy = build_strategy(entry, space, seed, warm_store)
+    start = time.perf_counter()
+    run_campaign(
+        space, store_path, backend=TruthBackend(truth, slots), strategy=strategy,
+        budget=budget, seed=seed,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    with open_store(store_path, readonly=True) as store:
+        trials = store.trials(store.get_campaign().id)
     return trials, wall / max(1, len(trials))
 
 
 def run_task(task: Task) -> list[Outcome]:
     """Each of the task's strategies (and the warm-started default) in a fresh store."""
-    space = space_named(task.space)
-    optimum, best_layout = exhaustive_optimum(space, task.machine, task.seed)
-    hidden = not space.fits(space.predict(best_layout))
+    truth = task.make_truth()
+    space = truth.space
+    optimum, best_layout = exhaustive_optimum(truth)
     runs = [(entry, False) for entry in task.strategies]
     runs += [("default", True)] if task.warm else []
     outcomes = []
@@ -365,94 +320,102 @@ def run_task(task: Task) -> list[Outcome]:
             warm_store = None
             if warm:
                 warm_store = Path(tmp) / "source.db"
-                campaign(
-                    WARM_SOURCE, task.machine, "default", task.seed, WARM_SOURCE_BUDGET, warm_store
-                )
-            trials, per_trial = campaign(
-                task.space, task.machine, entry, task.seed, task.budget, Path(tmp) / "b.db",
-                warm_store,
-            )  # fmt: skip
+                source = task.make_truth(WARM_SOURCE)
+                campaign(source, "default", WARM_SOURCE_BUDGET, warm_store)
+            trials, per_trial = campaign(truth, entry, task.budget, Path(tmp) / "b.db", warm_store)
         uncapped = None
         if entry == "random":
-            uncapped = random_trials_to_target(space, task.machine, task.seed, optimum)
+            uncapped = random_to_target(truth, optimum)
         outcomes.append(
             Outcome(
-                space=task.space,
-                machine=task.machine,
-                seed=task.seed,
+                task=task,
                 strategy=entry.name if isinstance(entry, Variant) else entry,
                 warm=warm,
-                budget=task.budget,
                 objectives=[t.objective if t.state is TrialState.OK else None for t in trials],
                 states=[t.state.value for t in trials],
+                node_seconds=[trial_node_seconds(truth, t) for t in trials],
                 seconds_per_trial=per_trial,
                 optimum=optimum,
-                optimum_predicted_oom=hidden,
-                uncapped_trials=uncapped,
+                optimum_rank=estimate_rank(space, best_layout),
+                uncapped=uncapped,
             )
         )
     return outcomes
 
 
-def random_trials_to_target(
-    space: SearchSpace, machine: Machine, seed: int, optimum: float
-) -> int | None:
-    """Position of the first good layout in random search's order (independent of results)."""
-    strategy = RandomStrategy(space, seed=seed)
+def trial_node_seconds(truth: Truth, trial: TrialRecord) -> float:
+    """What a recorded trial cost on the truth's machine (nothing if it never ran)."""
+    if trial.state is TrialState.INFEASIBLE:
+        return 0.0
+    return truth.node_seconds(truth.measure(trial.layout))
+
+
+def random_to_target(truth: Truth, optimum: float) -> tuple[int, float] | None:
+    """Trials and node-seconds random search spends to its first good layout (its order
+    does not depend on results, so this reads past the budget)."""
+    space = truth.space
+    strategy = RandomStrategy(space, seed=truth.seed)
+    spent = 0.0
     for number, proposal in enumerate(strategy.ask(sum(1 for _ in space.points())), 1):
         if space.violations(proposal.layout):
             continue
-        result = measure(space, machine, seed, proposal.layout)
+        result = truth.measure(proposal.layout)
+        spent += truth.node_seconds(result)
         if result.ok and result.metrics[space.objective] >= TARGET * optimum:
-            return number
+            return number, spent
     return None
 
 
 def tasks(
-    seeds: int, budget: int, spaces: Sequence[str], strategies: tuple[str | Variant, ...]
+    seeds: int,
+    budget: int,
+    spaces: Sequence[str],
+    truths: Sequence[str],
+    memories: Sequence[str],
+    strategies: tuple[str | Variant, ...],
+    warm: bool,
 ) -> list[Task]:
-    """One task per space, machine and seed; the 1T space also warm-started from 175B."""
-    warm = strategies == STRATEGY_NAMES
+    """One task per truth, memory direction, space and seed; the 1T space also warm-started
+    from 175B when ``warm``."""
     return [
-        Task(space, machine, seed, budget, strategies, warm=warm and space == WARM_TARGET)
-        for machine in MACHINES
+        Task(space, truth, memory, seed, budget, strategies, warm=warm and space == WARM_TARGET)
+        for truth in truths
+        for memory in memories
         for space in spaces
         for seed in range(seeds)
     ]
 
 
 def summarise(outcomes: list[Outcome], budget: int) -> str:
-    """The results table, and how often the uncalibrated estimate prunes the optimum."""
-    groups: dict[tuple[str, str, str], list[Outcome]] = {}
+    """The results table: trials and node-hours to the target, failures, driver time."""
+    groups: dict[tuple[str, str, str, str], list[Outcome]] = {}
     for outcome in outcomes:
-        key = (outcome.machine.name, outcome.space, outcome.label)
-        groups.setdefault(key, []).append(outcome)
+        task = outcome.task
+        groups.setdefault((task.truth, task.memory, task.space, outcome.label), []).append(outcome)
     lines = [
-        f"| machine | space | strategy | median trials to {TARGET:.0%} | worst | reached "
-        f"| OOM | infeasible | ms/trial |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| truth | memory | space | strategy | median trials to {TARGET:.0%} | worst | reached "
+        f"| median node-h to {TARGET:.0%} | OOM | infeasible | ms/trial "
+        "| optimum's estimate rank |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for (machine, space, strategy), group in groups.items():
+    for (truth, memory, space, strategy), group in sorted(groups.items()):
         needed = [o.trials_to_target() for o in group]
         reached = [n for n in needed if n is not None]
         ranked = sorted(n if n is not None else float("inf") for n in needed)
-        median = statistics.median(ranked)
+        hours = sorted(
+            h if h is not None else float("inf") for h in (o.node_hours_to_target() for o in group)
+        )
+        ranks = sorted(o.optimum_rank or 0 for o in group)
         lines.append(
-            f"| {machine} | {space} | {strategy} | {_count(median, budget)} "
+            f"| {truth} | {memory} | {space} | {strategy} "
+            f"| {_count(statistics.median(ranked), budget)} "
             f"| {_count(ranked[-1], budget)} | {len(reached)}/{len(group)} "
+            f"| {_hours(statistics.median(hours))} "
             f"| {statistics.fmean(o.fraction(TrialState.OOM) for o in group):.0%} "
             f"| {statistics.fmean(o.fraction(TrialState.INFEASIBLE) for o in group):.0%} "
-            f"| {1e3 * statistics.median(o.seconds_per_trial for o in group):.0f} |"
+            f"| {1e3 * statistics.median(o.seconds_per_trial for o in group):.0f} "
+            f"| {', '.join(str(r) if r else 'pOOM' for r in ranks)} |"
         )
-    hidden: dict[tuple[str, str], dict[int, bool]] = {}
-    for outcome in outcomes:
-        hidden.setdefault((outcome.machine.name, outcome.space), {})[outcome.seed] = (
-            outcome.optimum_predicted_oom
-        )
-    lines += ["", "| machine | space | seeds whose optimum the uncalibrated estimate prunes |"]
-    lines.append("|---|---|---:|")
-    for (machine, space), seeds in hidden.items():
-        lines.append(f"| {machine} | {space} | {sum(seeds.values())}/{len(seeds)} |")
     return "\n".join(lines)
 
 
@@ -463,96 +426,122 @@ def _count(value: float, budget: int) -> str:
     return text + " (beyond budget)" if value > budget else text
 
 
-def figure(outcomes: list[Outcome], spaces: Sequence[str], budget: int, path: Path) -> None:
+def _hours(value: float) -> str:
+    return "-" if value == float("inf") else f"{value:,.0f}"
+
+
+def figure(outcomes: list[Outcome], budget: int, path: Path) -> None:
+    """Median best-so-far curves: one panel per truth and space, all memory directions."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    truths = sorted({o.task.truth for o in outcomes})
+    spaces = sorted({o.task.space for o in outcomes})
+    labels = list(dict.fromkeys(o.label for o in outcomes))
     fig, axes = plt.subplots(
-        len(MACHINES),
+        len(truths),
         len(spaces),
-        figsize=(3.6 * len(spaces), 3.2 * len(MACHINES)),
+        figsize=(3.6 * len(spaces), 3.0 * len(truths)),
         sharex=True,
         sharey=True,
         squeeze=False,
     )
-    styles = {"default": "C0", "cbo-raw": "C1", "random": "C2", "grid": "C3"}
-    for row, machine in enumerate(MACHINES):
+    for row, truth in enumerate(truths):
         for col, space in enumerate(spaces):
             ax = axes[row][col]
-            for warm in (False, True):
-                for strategy in STRATEGY_NAMES:
-                    group = [
-                        o
-                        for o in outcomes
-                        if (o.machine, o.space, o.strategy, o.warm)
-                        == (machine, space, strategy, warm)
-                    ]
-                    if not group:
-                        continue
-                    curve = np.median([o.best_so_far() for o in group], axis=0)
-                    trials = np.arange(1, budget + 1)
-                    ax.plot(
-                        trials,
-                        curve,
-                        color=styles[strategy],
-                        linestyle="--" if warm else "-",
-                        label=group[0].label,
-                    )
+            for number, label in enumerate(labels):
+                group = [
+                    o
+                    for o in outcomes
+                    if (o.task.truth, o.task.space, o.label) == (truth, space, label)
+                ]
+                if not group:
+                    continue
+                curve = np.median([o.best_so_far() for o in group], axis=0)
+                ax.plot(
+                    np.arange(1, budget + 1),
+                    curve,
+                    color=f"C{number}",
+                    linestyle="--" if "warm" in label else "-",
+                    label=label,
+                )
             ax.axhline(TARGET, color="grey", linewidth=0.8, linestyle=":")
             ax.set_xscale("log")
             ax.set_ylim(0, 1.02)
-            ax.set_title(f"{space}, {machine.name} machine", fontsize=9)
+            ax.set_title(f"{space}, {truth} truth", fontsize=9)
             if col == 0:
                 ax.set_ylabel("best so far / optimum (median)")
-            if row == len(MACHINES) - 1:
+            if row == len(truths) - 1:
                 ax.set_xlabel("trial")
-    handles, labels = [], []
+    handles, names = [], []
     for ax in axes.flat:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
-            if text not in labels:
+            if text not in names:
                 handles.append(handle)
-                labels.append(text)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
+                names.append(text)
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 seeds, budget 40, for CI")
-    parser.add_argument("--seeds", type=int, help="seeds per space (default 10; 5 with --settings)")
-    parser.add_argument("--budget", type=int, help="trials per campaign (100; 40 with --settings)")
+    parser.add_argument("--seeds", type=int, help="seeds per cell (default 10; 5 with --settings)")
+    parser.add_argument("--budget", type=int, help="trials per campaign (60; 40 with --settings)")
     parser.add_argument("--jobs", type=int, default=2, help="campaigns run at once")
     parser.add_argument("--spaces", nargs="+", default=list(SPACES), choices=SPACES)
+    parser.add_argument("--truths", nargs="+", default=list(TRUTHS), choices=list(TRUTHS))
+    parser.add_argument("--memory", nargs="+", default=list(MEMORY), choices=list(MEMORY))
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=[*STRATEGY_NAMES, *(v.name for v in VARIANTS)],
+        help="strategies (or --settings variants, by name) to run; default: all four",
+    )
     parser.add_argument(
         "--settings",
         action="store_true",
-        help="compare settings of the default strategy (CBO share, surrogate, acquisition "
-        "optimiser, batch strategy with 8 slots) instead of the four strategies",
+        help="compare settings of the default strategy instead of the four strategies",
     )
     parser.add_argument(
         "--figure", type=Path, default=ROOT / "benchmarks" / "search_efficiency.png"
     )
     args = parser.parse_args()
     seeds = args.seeds or (5 if args.settings else 10)
-    budget = args.budget or (40 if args.settings else 100)
+    budget = args.budget or (40 if args.settings else 60)
     if args.quick:
         seeds, budget = 3, 40
-    strategies = VARIANTS if args.settings else STRATEGY_NAMES
-    todo = tasks(seeds, budget, args.spaces, strategies)
+    variants = {v.name: v for v in VARIANTS}
+    strategies: tuple[str | Variant, ...] = VARIANTS if args.settings else STRATEGY_NAMES
+    if args.strategies:
+        strategies = tuple(variants.get(name, name) for name in args.strategies)
+    warm = strategies == STRATEGY_NAMES
+    todo = tasks(seeds, budget, args.spaces, args.truths, args.memory, strategies, warm)
     start = time.perf_counter()
+    outcomes: list[Outcome] = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        outcomes = [o for found in pool.map(run_task, todo, chunksize=1) for o in found]
+        for done, found in enumerate(pool.imap_unordered(run_task, todo), 1):
+            outcomes += found
+            task = found[0].task
+            print(
+                f"[{done}/{len(todo)} tasks, {time.perf_counter() - start:.0f} s] {task.truth} "
+                f"{task.memory} {task.space} seed {task.seed}: trials to target "
+                + ", ".join(f"{o.label} {o.trials_to_target() or '-'}" for o in found),
+                file=sys.stderr,
+                flush=True,
+            )
     print(summarise(outcomes, budget))
     if not args.settings:
-        figure(outcomes, args.spaces, budget, args.figure)
+        figure(outcomes, budget, args.figure)
     print(
         f"\n{len(todo)} tasks, {seeds} seeds, budget {budget}, "
         f"{time.perf_counter() - start:.0f} s"
-        + ("" if args.settings else f"; figure {args.figure}")
+        + ("" if args.settings else f"; figure {args.figure}"),
+        flush=True,
     )
 
 

@@ -16,14 +16,25 @@ __all__ = [
     "ParallelLayout",
     "ParsearchError",
     "__version__",
+    "load_space",
     "results",
+    "run_campaign",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``parsearch.results`` (a campaign's trials as a DataFrame) loads pandas on first use."""
+    """``results`` (a campaign's trials as a DataFrame), ``run_campaign`` (a campaign on a
+    backend object) and ``load_space`` load what they need on first use."""
     if name == "results":
         from parsearch.query import results
 
         return results
+    if name == "run_campaign":
+        from parsearch.campaign.api import run_campaign
+
+        return run_campaign
+    if name == "load_space":
+        from parsearch.space import load_space
+
+        return load_space
     raise AttributeError(f"module 'parsearch' has no attribute {name!r}")

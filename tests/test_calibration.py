@@ -71,12 +71,29 @@ def test_an_implausible_slope_falls_back_to_the_ratio():
     assert calibration.fit.offset_bytes == 0
 
 
-def test_an_out_of_memory_trial_bounds_the_factor_from_below():
+def test_an_out_of_memory_trial_prunes_what_needs_as_much_without_placing_the_wall():
     calibration = MemoryCalibration(LIMIT)
     calibration.add_oom(60 * GIB)
-    assert calibration.peak(60 * GIB) > LIMIT
+    # Where the wall is (the runtime's share of the device) is unknown: nothing is lifted,
+    # but nothing expected to need as much as the failed trial is run either.
+    assert calibration.peak(55 * GIB) == 55 * GIB
     assert not calibration.fits(np.array([60 * GIB]))[0]
     assert calibration.fits(np.array([55 * GIB]))[0]
+
+
+def test_an_out_of_memory_trial_needs_more_than_the_largest_peak_that_fitted():
+    calibration = MemoryCalibration(LIMIT)
+    calibration.add_peak(50 * GIB, 50 * GIB)
+    calibration.add_oom(45 * GIB)  # the estimate is wrong here: at least 50 GiB
+    assert calibration.peak(45 * GIB) > 50 * GIB
+    assert calibration.peak(45 * GIB) < LIMIT  # not lifted to the declared device size
+
+
+def test_the_margin_never_swallows_a_large_share_of_the_device():
+    calibration = MemoryCalibration(LIMIT)
+    for predicted, factor in ((20, 2.0), (30, 1.0), (40, 1.7), (50, 0.9), (60, 1.4)):
+        calibration.add_peak(predicted * GIB, factor * predicted * GIB)
+    assert calibration.fit.margin <= 0.08
 
 
 def test_an_out_of_memory_trial_overrides_an_optimistic_fit():
@@ -84,8 +101,7 @@ def test_an_out_of_memory_trial_overrides_an_optimistic_fit():
     calibration.add_peak(40 * GIB, 40 * GIB)
     assert calibration.fits(np.array([61 * GIB]))[0]
     calibration.add_oom(62 * GIB)
-    assert calibration.peak(62 * GIB) > LIMIT
-    assert not calibration.fits(np.array([61.5 * GIB]))[0]
+    assert not calibration.fits(np.array([61.5 * GIB]))[0]  # within the margin of it
 
 
 def test_a_consistent_out_of_memory_trial_changes_nothing():

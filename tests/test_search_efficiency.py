@@ -1,10 +1,10 @@
-"""The default strategy finds the optimum when the memory estimate is 15-20% off either way.
+"""The default strategy finds the optimum when the memory estimate is 15-25% off either way.
 
 Each campaign runs end to end (session, driver, store, ``simulate`` backend) on the GPT-22B
 Frontier space, whose best layouts sit at the memory wall. The simulated machine's peak
 memory is ``predicted x mem_factor + mem_offset``: 15% more than the estimate plus 1 GiB
-(its best predicted layouts run out of memory), or 20% less (its best layouts are predicted
-out of memory; at 15% less the optimum of this space now fits by the estimate too).
+(its best predicted layouts run out of memory), or 25% less (its best layouts are predicted
+out of memory; at 15-20% less a layout within 97% of the optimum fits by the estimate).
 The exhaustive optimum is the best the same simulated machine reports over every layout
 that divides.
 """
@@ -58,9 +58,9 @@ def campaign(tmp_path, options):
     "options",
     [
         {"mem_factor": "1.15", "mem_offset": "1GiB"},
-        {"mem_factor": "0.8"},
+        {"mem_factor": "0.75"},
     ],
-    ids=["estimate-15%-low", "estimate-20%-high"],
+    ids=["estimate-15%-low", "estimate-25%-high"],
 )
 def test_default_finds_the_optimum_with_a_wrong_memory_estimate(tmp_path, options):
     space = load_space(SPACE)
@@ -71,7 +71,7 @@ def test_default_finds_the_optimum_with_a_wrong_memory_estimate(tmp_path, option
     assert best >= 0.97 * optimum
     ooms = sum(t.state is TrialState.OOM for t in trials)
     assert ooms <= 0.15 * BUDGET
-    if options["mem_factor"] == "0.8":
+    if options["mem_factor"] == "0.75":
         # The optimum is one the uncalibrated estimate would never have run.
         assert not space.fits(space.predict(best_layout))
         found = max(trials, key=lambda t: t.objective or 0.0)

@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from parsearch import plausible
 from parsearch.backends import Backend, Finished
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
@@ -32,6 +31,7 @@ from parsearch.campaign.progress import Progress, Snapshot
 from parsearch.campaign.signals import StopRequest
 from parsearch.config import ParallelLayout
 from parsearch.errors import BackendError
+from parsearch.plausible import checked as plausible_result
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
 from parsearch.search.strategy import Proposal, Strategy
@@ -235,7 +235,7 @@ class Driver:
             record = self.running.pop(item.trial_id, None)
             if record is None:  # cancelled, or not ours
                 continue
-            result = plausible.checked(
+            result = plausible_result(
                 item.result,
                 objective=self.metric,
                 peak_flops_per_device=self.space.allocation.peak_flops_per_device,

@@ -139,17 +139,55 @@ def start_campaign(
     and ``budget`` (if given) as its new total. One command then serves every job of a
     chain, and opening the store to write first recovers it after a killed driver.
     """
-    if budget is not None:
-        _check_budget(budget)
     space = load_space(space_path)
     if settings.machine:
         space = apply_profile(space, settings.machine)
-    name = name or space.name
-    if problem := name_problem(name):
-        raise UsageError(f"campaign name {name[:60]!r} is refused: {problem}")
+    return create_and_run(
+        space,
+        store_path,
+        space_path=str(space_path),
+        name=name,
+        budget=budget,
+        seed=seed,
+        settings=settings,
+        progress=progress,
+        resume_overrides=resume_overrides,
+        observers=observers,
+    )
+
+
+def create_and_run(
+    space: SearchSpace,
+    store_path: str | Path,
+    *,
+    space_path: str | None = None,
+    name: str | None = None,
+    budget: int | None = None,
+    seed: int = 0,
+    settings: CampaignSettings = CampaignSettings(),
+    progress: Progress | None = None,
+    resume_overrides: dict[str, Any] | None = None,
+    observers: Observers | None = None,
+    parts: _Parts | None = None,
+) -> SessionSummary:
+    """:func:`start_campaign` for a loaded space; ``parts`` (a strategy and backend built by
+    the caller, :func:`parsearch.campaign.api.run_campaign`) instead of the settings' names.
+    The campaign owns ``parts`` from the call on: they are closed whatever happens."""
+    try:
+        if budget is not None:
+            _check_budget(budget)
+        name = name or space.name
+        if problem := name_problem(name):
+            raise UsageError(f"campaign name {name[:60]!r} is refused: {problem}")
+    except BaseException:
+        if parts is not None:
+            parts.close()
+        raise
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
+            if parts is not None:
+                parts.close()
             if resume_overrides is None:
                 raise StoreError(
                     f"campaign '{name}' already exists in {store.path}; continue it with "
@@ -168,12 +206,13 @@ def start_campaign(
             print(f"warning: {warning}", file=sys.stderr)
         # Everything that can refuse the settings does so before the campaign exists, so a
         # typo never leaves behind a campaign that only `resume` could reach.
-        parts = _Parts.build(space, settings, seed)
+        if parts is None:
+            parts = _Parts.build(space, settings, seed)
         try:
             campaign = store.create_campaign(
                 name,
                 space.raw,
-                space_path=str(space_path),
+                space_path=space_path,
                 seed=seed,
                 budget=DEFAULT_BUDGET if budget is None else budget,
                 backend=settings.backend,

@@ -9,8 +9,9 @@ runs out of memory (too optimistic). Two small models fix that from the trials t
 
 * :class:`MemoryCalibration`: measured peak ≈ ``a·predicted + b`` (a robust fit; a ratio
   while the measurements span too narrow a range to separate ``a`` from ``b``); an
-  out-of-memory trial at ``predicted = q`` says the true peak at ``q`` exceeds the limit,
-  a lower bound that lifts the calibrated memory when the fit says otherwise.
+  out-of-memory trial at ``predicted = q`` says the true peak at ``q`` exceeds the wall, a
+  lower bound; :class:`~parsearch.search.local_memory.LocalMemory` corrects the fit
+  where the machine is not affine in the estimate, from the nearest measured layouts.
 * :class:`StepTimeCalibration`: the predicted step time is a sum of parts (ideal compute,
   the small-GEMM penalty, tensor-parallel all-reduces, pipeline transfers, exposed
   data-parallel reduction; the bubble shared out among the first three); a measured step
@@ -32,6 +33,7 @@ from parsearch.config import ParallelLayout
 from parsearch.estimate import Prediction
 from parsearch.estimate.timing import gemm_efficiency
 from parsearch.search.candidates import Candidate
+from parsearch.search.local_memory import MAX_MARGIN, LocalMemory
 from parsearch.space import SearchSpace
 
 STEP_PARTS: tuple[str, ...] = ("compute", "small_gemm", "tp_comm", "p2p", "dp_comm")
@@ -63,11 +65,16 @@ class MemoryCalibration:
     * otherwise an affine fit by iteratively re-weighted least squares with Huber weights,
       so one odd measurement (a trainer that logged another rank's peak) barely moves it;
       a slope outside ``[0.25, 4]`` is not believed and the ratio is used instead;
-    * every out-of-memory trial at prediction ``q`` must be predicted above its limit; when
-      not, the whole fit is lifted by the smallest factor that makes it so;
+    * every out-of-memory trial at prediction ``q`` needs more than the largest measured
+      peak that fitted (the wall is at least there; where exactly, below the declared
+      limit, is not assumed); when the fit says otherwise it is lifted by the smallest
+      factor that makes it so; and nothing calibrated to need as much as ``q`` (within
+      the margin) is expected to fit;
     * the margin: the fit's robust relative spread (2.5 sigma), and at least
       ``first_margin / (weight of measurements)``, a caution that fades as measurements
       agree with each other: the best layouts sit within a per cent or two of the wall.
+      It never exceeds :data:`~parsearch.search.local_memory.MAX_MARGIN`: a fit that
+      spreads more is the wrong shape, which local evidence corrects, not a margin.
     """
 
     def __init__(
@@ -112,9 +119,15 @@ class MemoryCalibration:
         return self.fit.peak(predicted)
 
     def fits(self, predicted: np.ndarray) -> np.ndarray:
-        """Which predictions the calibration expects to fit, margin included."""
+        """Which predictions the calibration expects to fit, margin included: below the
+        limit, and below every out-of-memory trial's calibrated peak."""
         fit = self.fit
-        return fit.peak(predicted) <= self.limit_bytes * (1.0 - fit.margin)
+        peak = fit.peak(predicted)
+        fits = peak <= self.limit_bytes * (1.0 - fit.margin)
+        if self._ooms:
+            failed = min(predicted for predicted, _ in self._ooms)
+            fits &= peak < fit.peak(failed) * (1.0 - fit.margin)
+        return fits
 
     def _refit(self) -> MemoryFit:
         if not self._peaks:
@@ -127,15 +140,21 @@ class MemoryCalibration:
                 slope, offset = affine
         relative = (m - (slope * p + offset)) / m
         spread = 2.5 * 1.4826 * _weighted_median(np.abs(relative), w)
-        margin = max(spread, self.first_margin / w.sum())
+        margin = min(max(spread, self.first_margin / w.sum()), MAX_MARGIN)
         return self._lifted(MemoryFit(slope, offset, 1.0, margin))
 
     def _lifted(self, fit: MemoryFit) -> MemoryFit:
+        """Lift the fit so each out-of-memory trial needs more than the largest peak that
+        fitted: the wall lies at least that high. Where between that and the declared
+        limit it lies (what the runtime keeps for itself) is not assumed."""
+        if not self._peaks:
+            return fit
+        fitted = max(measured for _, measured, _ in self._peaks)
         lift = 1.0
         for predicted, limit in self._ooms:
             expected = fit.slope * predicted + fit.offset_bytes
             if expected > 0:
-                lift = max(lift, limit * 1.001 / expected)
+                lift = max(lift, min(fitted, limit) * 1.001 / expected)
         return MemoryFit(fit.slope, fit.offset_bytes, lift, fit.margin)
 
 
@@ -298,12 +317,18 @@ class CalibratedEstimate:
         self.parts = np.array([step_parts(space, c.layout, c.prediction) for c in self.items])
         self.predicted_step = np.array([c.prediction.step_time_s for c in self.items])
         self.memory = MemoryCalibration(space.memory_limit_bytes)
+        self.local = LocalMemory([c.layout for c in self.items], self.predicted_mem)
         self.step = StepTimeCalibration()
         self.timeout_s, self.timed_steps = space.trial_timeout_s, space.timed_steps
 
     def fits(self) -> np.ndarray:
-        """Which items the calibrated memory estimate expects to fit."""
-        return self.memory.fits(self.predicted_mem)
+        """Which items the calibrated memory estimate expects to fit: the global fit,
+        corrected by the measurements nearest each item and overruled by its twins'
+        (:class:`~parsearch.search.local_memory.LocalMemory`)."""
+        peak, margin = self.local.calibrated(self.memory.peak(self.predicted_mem))
+        # The global fit's margin counts transferred measurements (a warm start) too.
+        margin = self.memory.fit.margin if margin is None else min(margin, self.memory.fit.margin)
+        return self.local.fits(peak, self.memory.limit_bytes, margin)
 
     def in_time(self) -> np.ndarray:
         """Which items' calibrated steps finish within the trial timeout."""
@@ -326,11 +351,13 @@ class CalibratedEstimate:
         i = self.index.get(layout.key())
         if i is not None:
             self.memory.add_peak(self.predicted_mem[i], peak_bytes)
+            self.local.add_peak(i, peak_bytes)
 
     def out_of_memory(self, layout: ParallelLayout) -> None:
         i = self.index.get(layout.key())
         if i is not None:
             self.memory.add_oom(self.predicted_mem[i])
+            self.local.add_oom(i)
 
     def timed_out(self, layout: ParallelLayout) -> None:
         """A trial of ``layout`` ran out of time: its steps took at least the timeout."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from parsearch.config import ParallelLayout
@@ -23,6 +24,11 @@ class Candidate:
 
     layout: ParallelLayout
     prediction: Prediction
+
+    @cached_property
+    def key(self) -> str:
+        """``layout.key()``, computed once: strategies compare thousands per trial."""
+        return self.layout.key()
 
 
 def point_of(space: SearchSpace, layout: ParallelLayout) -> dict[str, Any]:

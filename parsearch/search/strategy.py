@@ -30,6 +30,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
+from parsearch.search.residual import Plateau, ResidualField
 from parsearch.search.warm_start import WarmStart
 from parsearch.space import SearchSpace
 
@@ -120,28 +121,35 @@ class GuidedStrategy(Strategy):
 
     Every layout that divides is a candidate; the ones it proposes are those the calibrated
     memory estimate expects to fit (all of them with ``keep_predicted_oom``, those expected
-    to fit first), ranked by the calibrated predicted objective
-    (:class:`~parsearch.search.calibration.CalibratedEstimate`), those whose calibrated
-    steps are expected to exceed the trial timeout last. All of it is recomputed after
-    every result, so a layout first predicted out of memory comes in once measured peaks
-    show the estimate too pessimistic, and layouts near the wall drop out once they show it
-    too optimistic. In order, it proposes:
+    to fit first), ranked by :meth:`scores` (the calibrated predicted objective,
+    :class:`~parsearch.search.calibration.CalibratedEstimate`, times what a residual field
+    learnt of where the machine departs from it), those whose calibrated steps are expected
+    to exceed the trial timeout last. All of it is recomputed after every result, so a
+    layout first predicted out of memory comes in once measured peaks show the estimate too
+    pessimistic, and layouts near the wall drop out once they show it too optimistic; a
+    layout whose twin (the same but for gradient accumulation, the same predicted memory)
+    fitted is never pruned by the global fit
+    (:class:`~parsearch.search.local_memory.LocalMemory`). In order, it proposes:
 
     1. ``initial``: while fewer than ``n_seeds`` layouts have been tried, the best ranked
        layout of a (tp, pp) pair not tried yet (:func:`diverse_top`, re-ranked as results
        come in): the first measurements then differ in what the estimate is least sure of,
        which is what the step-time calibration needs to tell its parts apart;
     2. then, of every ``optimizer_every`` proposals, one is DeepHyper's (``optimizer``: the
-       best of its acquisition among the ``region`` best-ranked untried layouts, with a
-       surrogate that learns from failures as the worst objective) and the others the
-       calibrated estimate's best untried layout (``estimate``); when DeepHyper has nothing
-       new to offer, the estimate's next (``fallback``).
+       best of its acquisition among the ``region`` best-ranked untried layouts, every one
+       expected to fit with ``region=None``, with a surrogate that learns from failures as
+       the worst objective) and the others the best ranked untried layout (``estimate``);
+       when DeepHyper has nothing new to offer, the next ranked (``fallback``).
 
     The estimate, once calibrated, is a far better prior than anything a surrogate learns
-    from a dozen points, so it leads; DeepHyper's share explores what the estimate's
-    structure cannot express (``benchmarks/search_efficiency.py`` measures both, and the
-    settings). ``warm_start`` calibrates before the first trial from another campaign
-    (:mod:`parsearch.search.warm_start`).
+    from a dozen points, so it leads, but as a prior mean, not a cage: a Gaussian process
+    on ``log(measured / calibrated)`` (:class:`~parsearch.search.residual.ResidualField`)
+    re-ranks the layouts around each measurement, and once ``patience`` trials have brought
+    no gain (:class:`~parsearch.search.residual.Plateau`) the ranking adds ``explore``
+    times its posterior spread, so the search looks where the estimate was never checked
+    (``benchmarks/search_efficiency.py`` measures these choices on machines of other
+    shapes than the estimate). ``warm_start`` calibrates before the first trial from
+    another campaign (:mod:`parsearch.search.warm_start`).
     """
 
     name = "default"
@@ -156,7 +164,10 @@ class GuidedStrategy(Strategy):
         settings: CBOSettings = DEFAULT_CBO,
         warm_start: WarmStart | None = None,
         optimizer_every: int = 3,
-        region: int = 32,
+        region: int | None = 32,
+        residual: bool = True,
+        patience: int = 6,
+        explore: float = 2.0,
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
@@ -167,9 +178,12 @@ class GuidedStrategy(Strategy):
         self.estimate = CalibratedEstimate(space, items)
         if warm_start is not None:
             warm_start.apply(self.estimate)
-        self._keys = [c.layout.key() for c in items]
+        self._keys = [c.key for c in items]
         self.optimizer_every = optimizer_every
         self.region = region
+        self.residual = ResidualField([c.layout for c in items]) if residual else None
+        self.plateau = Plateau(patience)
+        self.explore = explore
         self._made = 0  # proposals after the initial ones, for the optimizer's share
         self._pending: set[str] = set()
         if n_seeds is None:
@@ -195,17 +209,32 @@ class GuidedStrategy(Strategy):
         first, each group by calibrated objective (with ``keep_predicted_oom``, those
         expected to fit in memory before the others)."""
         fits = self.estimate.fits()
-        key = (-self.estimate.objective(), ~self.estimate.in_time())
+        key = (-self.scores(), ~self.estimate.in_time())
         if self.keep_predicted_oom:
             return np.lexsort((*key, ~fits))
         allowed = np.flatnonzero(fits)
         return allowed[np.lexsort(tuple(column[allowed] for column in key))]
 
+    def scores(self) -> np.ndarray:
+        """What each item is expected to reach: the calibrated objective, times the learnt
+        residual's posterior mean, and, once the search is stuck (no gain for ``patience``
+        trials), its posterior spread times ``explore``: the search then looks where the
+        estimate has not been checked yet."""
+        objective = self.estimate.objective()
+        if self.residual is None or not self.residual.measurements:
+            return objective
+        mean, spread = self.residual.posterior(objective)
+        kappa = self.explore if self.plateau.stuck else 0.0
+        return objective * np.exp(mean + kappa * spread)
+
     def _unseen_ranked(self) -> list[Candidate]:
         return [self.estimate.items[i] for i in self._ranking() if self._keys[i] not in self.seen]
 
     def _region_points(self) -> list[dict]:
-        return [point_of(self.space, c.layout) for c in self._unseen_ranked()[: self.region]]
+        ranked = self._unseen_ranked()
+        if self.region is not None:
+            ranked = ranked[: self.region]
+        return [point_of(self.space, c.layout) for c in ranked]
 
     def _propose(self, n: int) -> Iterator[Proposal]:
         ranked = self._unseen_ranked()
@@ -218,7 +247,7 @@ class GuidedStrategy(Strategy):
         fresh = [c for c in ranked if (c.layout.tp, c.layout.pp) not in tried]
         taken: set[str] = set()
         for candidate in diverse_top(fresh or ranked, initial) if initial else []:
-            taken.add(candidate.layout.key())
+            taken.add(candidate.key)
             yield Proposal(candidate.layout, "initial", candidate.prediction)
         rest = n - len(taken)
         shares = range(self._made, self._made + rest)
@@ -226,15 +255,15 @@ class GuidedStrategy(Strategy):
         self._made += rest
         proposed = 0
         if self.optimizer is not None and wanted:
-            allowed = {c.layout.key(): c for c in ranked}
+            allowed = {c.key: c for c in ranked}
             # DeepHyper does not know which of its earlier proposals still run; asking for
             # that many more lets a batch strategy (topk) skip them and still fill ``n``.
             for point in self.optimizer.ask(wanted + len(self._pending)):
                 layout = self.space.layout_from_point(point)
                 candidate = allowed.get(layout.key()) if layout else None
-                if candidate is None or candidate.layout.key() in taken:
+                if candidate is None or candidate.key in taken:
                     continue
-                taken.add(candidate.layout.key())
+                taken.add(candidate.key)
                 proposed += 1
                 yield Proposal(candidate.layout, "optimizer", candidate.prediction)
                 if proposed == wanted:
@@ -243,9 +272,9 @@ class GuidedStrategy(Strategy):
         for candidate in ranked:
             if proposed == rest:
                 return
-            if candidate.layout.key() in taken:
+            if candidate.key in taken:
                 continue
-            taken.add(candidate.layout.key())
+            taken.add(candidate.key)
             origin = "estimate" if estimate_picks > 0 else "fallback"
             estimate_picks -= 1
             proposed += 1
@@ -265,12 +294,17 @@ class GuidedStrategy(Strategy):
     def tell(self, results: Sequence[tuple[ParallelLayout, Objective]]) -> None:
         self._pending.difference_update(layout.key() for layout, _ in results)
         for layout, value in results:
+            measured = None if isinstance(value, str) else float(value)
+            self.plateau.add(measured)
             if value == f"F_{TrialState.OOM.value}":
                 self.estimate.out_of_memory(layout)
             elif value == f"F_{TrialState.TIMEOUT.value}":
                 self.estimate.timed_out(layout)
-            elif not isinstance(value, str):
-                self.estimate.measured_objective(layout, float(value))
+            elif measured is not None:
+                self.estimate.measured_objective(layout, measured)
+                i = self.estimate.index.get(layout.key())
+                if self.residual is not None and i is not None:
+                    self.residual.add(i, measured)
         if self.optimizer is not None and results:
             region = self._region_points()
             if region:
@@ -368,8 +402,8 @@ def diverse_top(ranked: Sequence[Candidate], n: int) -> list[Candidate]:
             chosen.append(candidate)
         if len(chosen) == n:
             return chosen
-    keys = {c.layout.key() for c in chosen}
-    rest = [c for c in ranked if c.layout.key() not in keys]
+    keys = {c.key for c in chosen}
+    rest = [c for c in ranked if c.key not in keys]
     return chosen + rest[: n - len(chosen)]
 
 

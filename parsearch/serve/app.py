@@ -23,11 +23,11 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from parsearch import __version__
 from parsearch.errors import ParsearchError
 from parsearch.report.data import ReportData
 from parsearch.serve import figures, views
 from parsearch.serve.views import BadRequest, NotFound, StoreReader
+from parsearch.version import __version__
 
 LOG = logging.getLogger("parsearch.serve")
 STATIC = resources.files("parsearch.serve") / "static"

@@ -1,0 +1,183 @@
+"""Memory feasibility from the trials nearest a layout, not only from one global fit.
+
+A global fit of measured against predicted peak (:class:`~parsearch.search.calibration.
+MemoryCalibration`) assumes the machine's memory is an affine function of the estimate's.
+When it is not (an allocator that fragments activations but not optimiser state, buffers per
+communicator), the fit's slope and spread absorb the mismatch, its margin grows, and the
+layouts at the memory wall, where the optimum lives, are pruned although their closest
+relatives were measured and fitted. Three kinds of local evidence correct that:
+
+* **twins**: layouts that differ in one dimension only and are predicted to need the same
+  memory (gas beyond pp under 1F1B, selective recompute under flash attention: the
+  estimate says that dimension does not change memory there); and layouts that differ
+  only in gradient accumulation, within which predicted memory only grows with gas. A
+  measured fit says every twin (every gas sibling predicted to need no more) fits too, an
+  out-of-memory trial that every twin (every sibling predicted to need as much or more)
+  does not; this overrides any fit;
+* **nearest measured**: the global fit's error at each measured layout (measured over
+  calibrated peak), carried to the layouts around it by a kernel over the layout's
+  dimensions (:func:`~parsearch.search.residual.kernel`: log2 steps of tp, pp, dp,
+  mbs, micro-batches in flight and vpp; ZeRO stage, recompute and sequence parallelism
+  as categories), shrunk towards no correction where
+  no measurement is near. The calibration is then per region, not affine;
+* **out of memory as a lower bound**: a layout that ran out of memory needs more than the
+  device offers; how much the runtime keeps for itself is unknown, so it is not assumed
+  to have failed exactly at the declared size. Every layout expected to need at least as
+  much as it (within the margin) is pruned, wherever the wall is.
+
+The margin is the local model's own leave-one-out spread, and never more than
+:data:`MAX_MARGIN` of the device: a wide margin prunes exactly the layouts near the wall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+from parsearch.search.residual import kernel
+
+MAX_MARGIN = 0.08
+
+
+class LocalMemory:
+    """Twins, neighbours and out-of-memory bounds over a fixed list of layouts."""
+
+    def __init__(
+        self,
+        layouts: Sequence[ParallelLayout],
+        predicted: np.ndarray,
+        *,
+        length: float = 1.0,
+        first_margin: float = 0.03,
+    ):
+        self.predicted = np.asarray(predicted, dtype=float)
+        families: dict[tuple, int] = {}
+        self.family = np.array(
+            [families.setdefault(_family(layout), len(families)) for layout in layouts]
+        )
+        self.features = np.array([_features(layout) for layout in layouts]) / length
+        self.first_margin = first_margin
+        self._peaks: dict[int, tuple[float, float]] = {}  # item -> (measured, weight)
+        self._ooms: set[int] = set()
+        # Column k: the kernel from the k-th measured item to every item, computed once.
+        self._near = np.zeros((len(layouts), 16))
+        # Layouts that differ in one dimension only, by (dimension, the other values).
+        self._fields = [_fields(layout) for layout in layouts]
+        self._one_apart: dict[tuple, list[int]] = {}
+        for item, fields in enumerate(self._fields):
+            for d in range(len(fields)):
+                self._one_apart.setdefault((d, fields[:d] + fields[d + 1 :]), []).append(item)
+        self._proven = np.zeros(len(layouts), dtype=bool)
+        self._refuted = np.zeros(len(layouts), dtype=bool)
+
+    def add_peak(self, item: int, measured: float, weight: float = 1.0) -> None:
+        """Item ``item`` ran and peaked at ``measured`` bytes."""
+        if measured > 0 and weight > 0:
+            self._peaks[item] = (float(measured), float(weight))
+            self._proven[self._same_memory(item)] = True
+            column = list(self._peaks).index(item)
+            if column == self._near.shape[1]:
+                self._near = np.hstack([self._near, np.zeros_like(self._near)])
+            self._near[:, column] = kernel(self.features[item : item + 1], self.features)[0]
+
+    def add_oom(self, item: int) -> None:
+        """Item ``item`` ran out of memory."""
+        self._ooms.add(item)
+        self._refuted[self._same_memory(item)] = True
+
+    def _same_memory(self, item: int) -> list[int]:
+        """Layouts that differ from ``item`` in one dimension and are predicted to need the
+        same memory: the estimate says that dimension does not change memory there."""
+        fields, predicted = self._fields[item], self.predicted[item]
+        twins = {item}
+        for d in range(len(fields)):
+            for other in self._one_apart[(d, fields[:d] + fields[d + 1 :])]:
+                if abs(self.predicted[other] - predicted) <= 1e-3 * predicted:
+                    twins.add(other)
+        return sorted(twins)
+
+    def calibrated(self, global_peak: np.ndarray) -> tuple[np.ndarray, float | None]:
+        """Every item's peak: the global fit's times the nearest measurements' correction,
+        and the margin the corrections leave (``None`` before any measurement)."""
+        if not self._peaks:
+            return global_peak, None
+        items = np.fromiter(self._peaks, dtype=int)
+        measured = np.array([self._peaks[i][0] for i in items])
+        weights = np.array([self._peaks[i][1] for i in items])
+        error = np.log(measured / global_peak[items])
+        near = self._near[:, : len(items)]
+        correction = (near @ (weights * error)) / (1.0 + near @ weights)
+        # Leave-one-out: how far each measurement is from what the others predict of it.
+        among = near[items] * weights
+        np.fill_diagonal(among, 0.0)
+        loo = (among @ error) / (1.0 + among.sum(axis=1))
+        spread = 2.5 * 1.4826 * float(np.median(np.abs(error - loo))) if len(items) > 2 else 0.0
+        margin = min(max(spread, self.first_margin / weights.sum()), MAX_MARGIN)
+        return global_peak * np.exp(correction), margin
+
+    def fits(self, peak: np.ndarray, limit: float, margin: float) -> np.ndarray:
+        """Which items fit, given their calibrated ``peak`` and the ``margin``."""
+        fits = peak <= limit * (1.0 - min(margin, MAX_MARGIN))
+        if self._ooms:
+            ooms = np.fromiter(self._ooms, dtype=int)
+            fits &= peak < peak[ooms].min() * (1.0 - margin)
+        known_fit, known_oom = self._twins()
+        return (fits | known_fit) & ~known_oom
+
+    def _twins(self) -> tuple[np.ndarray, np.ndarray]:
+        """Items a measured twin proves to fit, and items an out-of-memory twin rules out."""
+        size = self.family.max() + 1
+        fitted = np.full(size, -np.inf)
+        for item in self._peaks:
+            family = self.family[item]
+            fitted[family] = max(fitted[family], self.predicted[item])
+        failed = np.full(size, np.inf)
+        for item in self._ooms:
+            family = self.family[item]
+            failed[family] = min(failed[family], self.predicted[item])
+        tolerance = 1e-9 * self.predicted
+        known_fit = (self.predicted <= fitted[self.family] + tolerance) | self._proven
+        known_oom = (self.predicted >= failed[self.family] - tolerance) | self._refuted
+        return known_fit & ~known_oom, known_oom
+
+
+def _fields(layout: ParallelLayout) -> tuple:
+    return (
+        layout.tp,
+        layout.pp,
+        layout.dp,
+        layout.mbs,
+        layout.gas,
+        layout.zero_stage,
+        layout.recompute,
+        layout.vpp,
+        layout.sequence_parallel,
+    )
+
+
+def _family(layout: ParallelLayout) -> tuple:
+    """What a layout's memory depends on besides gradient accumulation."""
+    return (
+        layout.tp,
+        layout.pp,
+        layout.dp,
+        layout.mbs,
+        layout.zero_stage,
+        layout.recompute,
+        layout.vpp,
+        layout.sequence_parallel,
+    )
+
+
+def _features(layout: ParallelLayout) -> list[float]:
+    """log2 of the numeric dimensions (micro-batches in flight for gas), then categories."""
+    in_flight = min(layout.gas, layout.pp)
+    numeric = [layout.tp, layout.pp, layout.dp, layout.mbs, in_flight, layout.vpp]
+    return [
+        *np.log2(numeric).tolist(),
+        float(layout.zero_stage),
+        float(RECOMPUTE_CHOICES.index(layout.recompute)),
+        float(layout.sequence_parallel),
+    ]
