@@ -327,6 +327,12 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     if "memory_cap" in top:
         memory_cap = reader.size(top["memory_cap"], "memory_cap")
     trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
+    if trainer.get("launch") == "single" and allocation.nodes > 1:
+        raise reader.error(
+            "trainer.launch",
+            f"single runs one process per trial, on one node, but the allocation has "
+            f"{allocation.nodes} nodes; use per_node (a launcher such as torchrun) or per_rank",
+        )
     estimate = reader.estimate(top.get("estimate", {}), trainer_kind=trainer["kind"])
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):

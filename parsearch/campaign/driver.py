@@ -207,6 +207,7 @@ class Driver:
             trainer=dict(self.space.trainer),
             timeout_s=self.trial_timeout_s,
             seed=self.campaign.seed,
+            memory_cap_bytes=self.space.memory_cap_bytes,
         )
         hosts = self.backend.submit(spec)
         self._no_room_since = None

@@ -36,6 +36,7 @@ from typing import Any
 
 from parsearch.config import RECOMPUTE_CHOICES
 from parsearch.trial import TrialSpec
+from parsearch.units import exact_size
 
 PLACEHOLDERS: dict[str, str] = {
     "tp": "tensor-parallel size",
@@ -68,6 +69,8 @@ PLACEHOLDERS: dict[str, str] = {
     "ffn_hidden_size": "model.ffn_hidden_size (4*hidden_size when not set)",
     "vocab_size": "model.vocab_size",
     "seq_length": "model.seq_length",
+    "memory_cap": "the space's memory_cap (else the device memory) as a size, e.g. 40MiB",
+    "memory_cap_bytes": "the space's memory_cap (else the device memory) in bytes",
 }
 # Placeholders whose every value is known, so a switch on them can list them all.
 ENUMERABLE: dict[str, tuple[str, ...]] = {
@@ -104,6 +107,7 @@ def trial_values(
 ) -> dict[str, Any]:
     """Every built-in placeholder's value for one node of one trial."""
     layout, model = spec.layout, spec.model
+    cap = spec.memory_cap_bytes or spec.allocation.device_memory_bytes
     return {
         "tp": layout.tp,
         "pp": layout.pp,
@@ -135,6 +139,8 @@ def trial_values(
         "ffn_hidden_size": model.ffn,
         "vocab_size": model.vocab_size,
         "seq_length": model.seq_length,
+        "memory_cap": exact_size(cap),
+        "memory_cap_bytes": cap,
     }
 
 
