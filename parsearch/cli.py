@@ -22,6 +22,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "status",
     "best",
     "top",
+    "show",
+    "trial",
     "export",
     "report",
 )

@@ -31,7 +31,7 @@ from parsearch.config import (
 from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
 from parsearch.estimate.memory import FRAMEWORKS
-from parsearch.units import format_bytes, parse_bytes, parse_rate
+from parsearch.units import count_of, format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
 DIMENSIONS: tuple[str, ...] = (
@@ -270,10 +270,11 @@ class SpacePlan:
             common = "; ".join(f"{reason} ({n}x)" for reason, n in self.not_dividing.most_common(3))
             raise SpaceError(
                 f"no layout of the {self.total} in the space divides: {common}. World size is "
-                f"{space.world_size} ({space.allocation.nodes} nodes x "
-                f"{space.allocation.devices_per_node} devices); choose tp and pp whose product "
-                f"divides it, tp dividing num_heads {space.model.num_heads} and hidden_size "
-                f"{space.model.hidden_size}, pp dividing num_layers {space.model.num_layers}",
+                f"{space.world_size} ({count_of(space.allocation.nodes, 'node')} x "
+                f"{count_of(space.allocation.devices_per_node, 'device')}); choose tp and pp "
+                f"whose product divides it, tp dividing num_heads {space.model.num_heads} and "
+                f"hidden_size {space.model.hidden_size}, pp dividing num_layers "
+                f"{space.model.num_layers}",
                 source=space.source,
                 field="search",
             )

@@ -49,6 +49,11 @@ def exact_size(value: int) -> str:
     return f"{value}B"
 
 
+def count_of(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def format_bytes(value: float) -> str:
     """Binary units with three significant figures: ``61.2 GiB``."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -20,6 +20,7 @@ from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.result import TrialState
 from parsearch.space import space_from_dict
+from parsearch.store import TrialRecord
 from parsearch.trainers.command import run_node, validate_section
 from parsearch.trainers.parsers import make_parser, parse_lines
 from parsearch.trainers.summary import summarize
@@ -98,11 +99,13 @@ def test_the_cap_reaches_the_program(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_best_status_and_report_never_pick_an_over_cap_trial(tmp_path):
-    """mbs 4 is fastest but measures 52 MiB; the cap is 40 MiB."""
+def test_a_campaign_with_failures_shows_why_everywhere(tmp_path):
+    """mbs 4 is fastest but measures 52 MiB over a 40 MiB cap; mbs 8 raises. best, status,
+    show and the report agree on the best (mbs 2) and say why the others failed."""
     program = tmp_path / "fast_but_big.py"
     program.write_text(
         "import json, sys\nmbs = int(sys.argv[1])\n"
+        "if mbs > 4:\n    raise ValueError(f'mbs {mbs} does not fit this model')\n"
         "print(json.dumps({'tokens_per_s': 1000.0 * mbs, 'peak_mem_bytes': 13 * mbs * 2**20}))\n"
     )
     space = {
@@ -111,7 +114,7 @@ def test_best_status_and_report_never_pick_an_over_cap_trial(tmp_path):
                   "seq_length": 32},
         "allocation": {"nodes": 1, "devices_per_node": 1, "device": "cpu",
                        "device_memory": "1GiB", "peak_tflops": 0.05},
-        "search": {"tp": 1, "pp": 1, "mbs": [1, 2, 4], "gas": 1},
+        "search": {"tp": 1, "pp": 1, "mbs": [1, 2, 4, 8], "gas": 1},
         "memory_cap": "40MiB",
         "trainer": {"kind": "command", "parser": "json",
                     "command": [sys.executable, str(program), "{mbs}"]},
@@ -126,12 +129,29 @@ def test_best_status_and_report_never_pick_an_over_cap_trial(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    cli("run", "space.yaml", "--store", "c.db", "--budget", "3", "--quiet",
+    cli("run", "space.yaml", "--store", "c.db", "--budget", "4", "--quiet",
         "--keep-predicted-oom")  # fmt: skip
     best = json.loads(cli("best", "--store", "c.db", "--format", "json"))
     assert best["layout"]["mbs"] == 2
     status = json.loads(cli("status", "--store", "c.db", "--format", "json"))
     assert status["states"]["oom"] == 1 and status["best"]["layout"]["mbs"] == 2
+    reasons = {group["state"]: group["reason"] for group in status["failures"]}
+    assert "measured peak memory 52 MiB" in reasons["oom"]
+    assert "memory_cap 40 MiB" in reasons["oom"]
+    assert reasons["error"] == (
+        "rank 0 exited with code 1: ValueError: mbs 8 does not fit this model"
+    )
+    text = cli("status", "--store", "c.db")
+    assert "error x1" in text and "ValueError: mbs 8 does not fit" in text
+    number = next(g["trials"][0] for g in status["failures"] if g["state"] == "error")
+    shown = cli("show", "--store", "c.db", "--trial", str(number))
+    assert "why        rank 0 exited with code 1: ValueError: mbs 8" in shown
+    assert f"command    {sys.executable} {program} 8" in shown
+    assert "raise ValueError" in shown  # the log tail
+    cli("report", "--store", "c.db", "--out", "report")
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "<h2>Failures</h2>" in html and "exceeds memory_cap 40 MiB" in html
+    assert "Trial #" + str(best["trial"]) in html and "1 node × 1 device =" in html
 
 
 # --- working directory and launch modes ------------------------------------------------
@@ -161,6 +181,13 @@ def test_single_launch_is_one_plain_process(tmp_path):
     assert result.ok
     assert json.loads(said(log, "ENV")) == {"RANK": None, "WORLD_SIZE": None, "MASTER_ADDR": None}
     assert sorted(p.name for p in (tmp_path / "trial").glob("rank*.log")) == ["rank0.log"]
+
+
+def test_a_per_node_launcher_that_fails_is_named_as_the_node(tmp_path):
+    section = trainer(tmp_path, [], launch="per_node")
+    section["command"] = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    result, _ = run(spec(validate_section(section, "t"), dp=2), tmp_path)
+    assert result.error == "node 0 exited with code 3"
 
 
 def test_single_launch_on_several_nodes_is_refused():
@@ -244,3 +271,75 @@ def test_regex_section_errors_name_the_field(keys, field, message):
         validate_section({"kind": "command", "command": ["x"], "parser": "regex", **keys}, "s")
     assert caught.value.field == field
     assert message in str(caught.value)
+
+
+# --- failure reasons --------------------------------------------------------------------
+
+
+def test_failure_reasons_take_the_logs_exception_and_group_alike_ones():
+    from parsearch.campaign.failures import failure_reason, group_failures
+
+    tail = "Traceback (most recent call last):\n  ...\n[rank1]: torch.OutOfMemoryError: CUDA\n"
+    assert failure_reason("rank 1 exited with code 1", tail) == (
+        "rank 1 exited with code 1: torch.OutOfMemoryError: CUDA"
+    )
+    assert failure_reason("timed out after 5 s", tail) == "timed out after 5 s"
+
+    def record(number, state, error):
+        fields = dict.fromkeys(TrialRecord.__dataclass_fields__)
+        fields.update(number=number, state=state, error=error, log_tail="")
+        return TrialRecord(**fields)
+
+    groups = group_failures(
+        [
+            record(0, TrialState.ERROR, "rank 0 exited with code 1"),
+            record(1, TrialState.OK, None),
+            record(2, TrialState.ERROR, "rank 3 exited with code 1"),
+            record(3, TrialState.OOM, "rank 0 ran out of memory"),
+        ]
+    )
+    assert [(g.state, g.trials, g.reason) for g in groups] == [
+        (TrialState.ERROR, (0, 2), "rank 0 exited with code 1"),
+        (TrialState.OOM, (3,), "rank 0 ran out of memory"),
+    ]
+
+
+# --- parsearch trial: a dry run ----------------------------------------------------------
+
+
+def test_a_dry_run_prints_command_metrics_state_and_log_and_stores_nothing(tmp_path):
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import sys\nmbs = int(sys.argv[1])\nprint('loss 2.5')\n"
+        "print(f'samples/s {10 * mbs}')\nsys.exit(0 if mbs < 4 else 5)\n"
+    )
+    space = {
+        "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+                  "seq_length": 32},
+        "allocation": {"nodes": 1, "devices_per_node": 2, "device": "cpu",
+                       "device_memory": "1GiB", "peak_tflops": 0.05},
+        "search": {"tp": [1, 2], "pp": 1, "mbs": [1, 2, 4], "gas": 1},
+        "trainer": {"kind": "command", "parser": "regex", "launch": "single",
+                    "command": [sys.executable, str(program), "{mbs}"],
+                    "patterns": {"loss": "loss ([0-9.]+)", "samples_per_s": {
+                        "pattern": "samples/s ([0-9.]+)", "role": "summary"}}},
+    }  # fmt: skip
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+
+    def dry(layout: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "parsearch", "trial", "space.yaml", "--layout", layout],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    ok = dry("tp2 pp1 mbs2 gas1")
+    assert ok.returncode == 0, ok.stderr
+    assert f"command  {sys.executable} {program} 2" in ok.stdout
+    assert "state    ok" in ok.stdout and '"tokens_per_s": 640.0' in ok.stdout
+    assert "  samples/s 20" in ok.stdout  # the log tail
+    failed = dry("tp1 mbs4")
+    assert failed.returncode == 1
+    assert "state    error" in failed.stdout and "exited with code 5" in failed.stdout
+    bad = dry("tp2 mbs3")
+    assert bad.returncode == 2 and "--layout" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["program.py", "space.yaml"]

@@ -368,6 +368,11 @@ class CommandNodeRun(NodeRun):
             return agent
         final = over_memory_cap(self._judge(agent), self.spec.memory_cap_bytes)
         final.hosts, final.duration_s = agent.hosts, agent.duration_s
+        if self.per_node and final.error:  # the agent counts processes as ranks
+            for rank in self.ranks:
+                label = self._label(rank.rank)
+                final.error = final.error.replace(f"rank {rank.rank} ", f"{label} ", 1)
+                final.error = final.error.replace(f"ranks [{rank.rank}]", label, 1)
         return final
 
     def _judge(self, agent: TrialResult) -> TrialResult:

@@ -27,6 +27,7 @@ errors when the space is loaded, never in the middle of a campaign.
 
 from __future__ import annotations
 
+import os
 import shlex
 import string
 from collections.abc import Mapping
@@ -71,6 +72,7 @@ PLACEHOLDERS: dict[str, str] = {
     "seq_length": "model.seq_length",
     "memory_cap": "the space's memory_cap (else the device memory) as a size, e.g. 40MiB",
     "memory_cap_bytes": "the space's memory_cap (else the device memory) in bytes",
+    "launch_dir": "the directory parsearch (the driver, or a worker) was started in",
 }
 # Placeholders whose every value is known, so a switch on them can list them all.
 ENUMERABLE: dict[str, tuple[str, ...]] = {
@@ -141,6 +143,7 @@ def trial_values(
         "seq_length": model.seq_length,
         "memory_cap": exact_size(cap),
         "memory_cap_bytes": cap,
+        "launch_dir": os.getcwd(),
     }
 
 
