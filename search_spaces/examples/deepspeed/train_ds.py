@@ -6,7 +6,8 @@ a language-model head) and its data (random token ids) are made here. Everything
 layout reaches DeepSpeed through the ``ds_config.json`` the space writes into the trial
 directory (``trainer.files``): batch sizes, gradient accumulation and the ZeRO stage, the
 same keys ``parsearch best --format deepspeed`` prints. DeepSpeed prints its own throughput
-line every step (``steps_per_print: 1``), which the space's regex patterns read::
+line every step (``steps_per_print: 1``; an INFO message, so the log level is set to info),
+which the space's regex patterns read::
 
     epoch=0/micro_step=8/global_step=4, RunningAvgSamplesPerSec=51.2, CurrSamplesPerSec=55.0,
     MemAllocated=0.41GB, MaxMemAllocated=0.42GB
@@ -19,6 +20,7 @@ import json
 
 import deepspeed
 import torch
+from deepspeed.utils.logging import set_log_level_from_string
 from torch import nn
 
 
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    set_log_level_from_string("info")  # the throughput line is an INFO message
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(args.seed)
     with open(args.deepspeed_config) as handle:
