@@ -71,21 +71,20 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def kill_9_leaves_nothing(space: Path, tmp_path: Path, training: str) -> int:
-    """Start a campaign, kill its driver with SIGKILL once a trial log shows ``training``,
-    and return how many of the trial's processes were alive just before (all must go)."""
+def kill_9_leaves_nothing(space: Path, tmp_path: Path, processes: int) -> None:
+    """Start a campaign, kill its driver with SIGKILL once its trial runs ``processes``
+    processes (guard, launcher, workers: every one names the trial directory), and wait
+    until none of them is left."""
     driver = start_campaign(space, tmp_path)
-    logs = tmp_path / "killed"
+    trials = tmp_path / "killed"
 
-    def training_started() -> bool:
-        assert driver.poll() is None, "the driver ended before its trial trained"
-        return any(training in log.read_text(errors="replace") for log in logs.glob("*/*.log"))
+    def started() -> bool:
+        assert driver.poll() is None, "the driver ended before its trial started"
+        return len(survivors(trials)) >= processes
 
     try:
-        wait_for(training_started, 600, f"{training!r} in a trial log")
-        running = len(survivors(logs))
+        wait_for(started, 600, f"{processes} processes of the trial")
     finally:
         driver.kill()
         driver.wait()
-    wait_for(lambda: not survivors(logs), 15, "the trial's processes to end")
-    return running
+    wait_for(lambda: not survivors(trials), 15, "the trial's processes to end")

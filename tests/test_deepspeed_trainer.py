@@ -53,5 +53,4 @@ def test_zero_stages_0_to_3_store_what_deepspeed_printed(tmp_path):
 
 def test_kill_9_of_the_driver_leaves_no_deepspeed_process(tmp_path):
     space = example_space(SPACE, tmp_path, steps=100000, timeout=900)
-    running = kill_9_leaves_nothing(space, tmp_path, "CurrSamplesPerSec")
-    assert running >= 4  # guard, torchrun, two workers
+    kill_9_leaves_nothing(space, tmp_path, processes=4)  # guard, torchrun, two workers

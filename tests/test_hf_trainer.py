@@ -48,5 +48,4 @@ def test_a_campaign_stores_what_the_trainer_printed(tmp_path):
 
 def test_kill_9_of_the_driver_leaves_no_trainer_process(tmp_path):
     space = example_space(SPACE, tmp_path, steps=100000, timeout=900)
-    running = kill_9_leaves_nothing(space, tmp_path, "'loss'")
-    assert running >= 4  # guard, torchrun, two workers
+    kill_9_leaves_nothing(space, tmp_path, processes=4)  # guard, torchrun, two workers

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = str(Path(__file__).with_name("daemonizing_launcher.py"))
 
 
-def survivors(marker: Path) -> list[int]:
-    """Live processes whose command line mentions ``marker``."""
+def survivors(marker: Path, zombies: bool = False) -> list[int]:
+    """Live processes whose command line mentions ``marker`` (and unreaped ones with
+    ``zombies``: a process the guard leaves unreaped would be init's to reap)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -35,14 +36,14 @@ def survivors(marker: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(marker).encode() in cmdline and state != "Z":
+        if str(marker).encode() in cmdline and (zombies or state != "Z"):
             found.append(int(entry.name))
     return found
 
 
-def wait_until_gone(marker: Path, timeout_s: float = 10.0) -> None:
+def wait_until_gone(marker: Path, timeout_s: float = 10.0, zombies: bool = False) -> None:
     deadline = time.monotonic() + timeout_s
-    while left := survivors(marker):
+    while left := survivors(marker, zombies):
         assert time.monotonic() < deadline, f"{len(left)} processes of the trial survive: {left}"
         time.sleep(0.1)
 
@@ -69,7 +70,7 @@ def test_what_a_command_leaves_behind_dies_with_it_and_its_exit_code_stays(tmp_p
     process = guarded_launcher(tmp_path / "pids", *extra)
     assert process.wait(timeout=30) == 3
     assert len(list((tmp_path / "pids").glob("worker*"))) == 2
-    wait_until_gone(tmp_path, timeout_s=2.0)
+    wait_until_gone(tmp_path, timeout_s=2.0, zombies=True)
 
 
 def test_the_agents_sigterm_reaches_workers_in_other_sessions(tmp_path):
@@ -78,7 +79,7 @@ def test_the_agents_sigterm_reaches_workers_in_other_sessions(tmp_path):
     assert len(survivors(tmp_path)) == 4  # guard, launcher, two workers
     os.killpg(process.pid, signal.SIGTERM)  # what the agent sends a rank's group
     assert process.wait(timeout=5) == -signal.SIGTERM
-    wait_until_gone(tmp_path, timeout_s=2.0)
+    wait_until_gone(tmp_path, timeout_s=2.0, zombies=True)
 
 
 def test_a_command_killed_by_a_signal_is_reported_so(tmp_path):

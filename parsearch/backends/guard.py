@@ -124,8 +124,8 @@ def _end_descendants(
     while True:
         status = _reap(command_pid, status)
         left = descendants(me)
-        if not left:
-            return status
+        if not left:  # those that ended since the reap are zombies, ours to reap too
+            return _reap(command_pid, status)
         if time.monotonic() >= deadline:
             _signal_all(left, SIGKILL)
         time.sleep(0.01)
