@@ -92,7 +92,7 @@ _LAUNCHER_VARS = (*_RANK_VARS, "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER
 def validate_section(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Check a space's ``trainer`` section of ``kind: command``; return it with defaults.
 
-    Keys: ``command`` (list or string; required), ``launch`` (per_rank | per_node),
+    Keys: ``command`` (list or string; required), ``launch`` (per_rank | per_node | single),
     ``shell`` (false), ``env`` (name → value, placeholders allowed), ``vars`` (the space's
     own placeholders: name → fixed value), ``files`` (file name in the trial directory →
     a mapping written as JSON, or a text template), ``parser`` (json | megatron |
