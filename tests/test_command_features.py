@@ -106,7 +106,8 @@ def test_a_campaign_with_failures_shows_why_everywhere(tmp_path):
     program.write_text(
         "import json, sys\nmbs = int(sys.argv[1])\n"
         "if mbs > 4:\n    raise ValueError(f'mbs {mbs} does not fit this model')\n"
-        "print(json.dumps({'tokens_per_s': 1000.0 * mbs, 'peak_mem_bytes': 13 * mbs * 2**20}))\n"
+        "peak = {'peak_mem_bytes': 13 * mbs * 2**20} if mbs > 1 else {}  # mbs 1: not measured\n"
+        "print(json.dumps({'tokens_per_s': 1000.0 * mbs, **peak}))\n"
     )
     space = {
         "name": "capped",
@@ -127,12 +128,14 @@ def test_a_campaign_with_failures_shows_why_everywhere(tmp_path):
             text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        return done.stdout + done.stderr
 
     cli("run", "space.yaml", "--store", "c.db", "--budget", "4", "--quiet",
         "--keep-predicted-oom")  # fmt: skip
     best = json.loads(cli("best", "--store", "c.db", "--format", "json"))
     assert best["layout"]["mbs"] == 2
+    capped = cli("best", "--store", "c.db", "--max-mem", "30MiB")
+    assert "1 successful trial without a measured peak memory was left out" in capped
     status = json.loads(cli("status", "--store", "c.db", "--format", "json"))
     assert status["states"]["oom"] == 1 and status["best"]["layout"]["mbs"] == 2
     reasons = {group["state"]: group["reason"] for group in status["failures"]}
