@@ -310,6 +310,7 @@ def test_failure_reasons_take_the_logs_exception_and_group_alike_ones():
 # --- parsearch trial: a dry run ----------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_dry_run_prints_command_metrics_state_and_log_and_stores_nothing(tmp_path):
     program = tmp_path / "program.py"
     program.write_text(
