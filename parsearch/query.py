@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S
 from parsearch.errors import ParsearchError, StoreError
+from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import TrialState
 from parsearch.store import (
     Campaign,
@@ -147,8 +148,9 @@ def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
     return warm_start_from(campaign, trials, str(path))
 
 
-def status_document(progress: CampaignProgress) -> dict:
-    """The figures of `parsearch status --format json` (also served by `parsearch serve`)."""
+def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup] = ()) -> dict:
+    """The figures of `parsearch status --format json` (also served by `parsearch serve`);
+    ``failures``: the campaign's failed trials grouped by state and reason."""
     campaign, best = progress.campaign, progress.best
     return {
         "campaign": campaign.name,
@@ -157,6 +159,10 @@ def status_document(progress: CampaignProgress) -> dict:
         "finished": progress.finished,
         "failed": progress.failed,
         "states": {state.value: n for state, n in progress.counts.items()},
+        "failures": [
+            {"state": group.state.value, "reason": group.reason, "trials": list(group.trials)}
+            for group in failures
+        ],
         "eta_s": progress.eta_s,
         "best": None
         if best is None
@@ -175,3 +181,10 @@ def status_document(progress: CampaignProgress) -> dict:
             "stale": progress.driver_stale,
         },
     }
+
+
+def campaign_status(store: Store, campaign: Campaign) -> dict:
+    """:func:`status_document` of a campaign as stored now: what `status --format json`
+    prints and `parsearch serve` answers."""
+    failures = group_failures(store.trials(campaign.id, FAILURE_STATES))
+    return status_document(campaign_progress(store, campaign), failures)

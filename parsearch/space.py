@@ -33,7 +33,7 @@ from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
 from parsearch.inputs import name_problem
 from parsearch.probe.profile import check_profile, load_profile, with_machine
 from parsearch.space_file import read_document
-from parsearch.units import format_bytes, parse_bytes, parse_rate
+from parsearch.units import count_of, format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
 DIMENSIONS: tuple[str, ...] = (
@@ -288,10 +288,11 @@ class SpacePlan:
             common = "; ".join(f"{reason} ({n}x)" for reason, n in self.not_dividing.most_common(3))
             raise SpaceError(
                 f"no layout of the {self.total} in the space divides: {common}. World size is "
-                f"{space.world_size} ({space.allocation.nodes} nodes x "
-                f"{space.allocation.devices_per_node} devices); choose tp and pp whose product "
-                f"divides it, tp dividing num_heads {space.model.num_heads} and hidden_size "
-                f"{space.model.hidden_size}, pp dividing num_layers {space.model.num_layers}",
+                f"{space.world_size} ({count_of(space.allocation.nodes, 'node')} x "
+                f"{count_of(space.allocation.devices_per_node, 'device')}); choose tp and pp "
+                f"whose product divides it, tp dividing num_heads {space.model.num_heads} and "
+                f"hidden_size {space.model.hidden_size}, pp dividing num_layers "
+                f"{space.model.num_layers}",
                 source=space.source,
                 field="search",
             )
@@ -331,6 +332,12 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     if "memory_cap" in top:
         memory_cap = reader.size(top["memory_cap"], "memory_cap")
     trainer = reader.trainer(top.get("trainer", {"kind": "builtin"}))
+    if trainer.get("launch") == "single" and allocation.nodes > 1:
+        raise reader.error(
+            "trainer.launch",
+            f"single runs one process per trial, on one node, but the allocation has "
+            f"{allocation.nodes} nodes; use per_node (a launcher such as torchrun) or per_rank",
+        )
     estimate = reader.estimate(
         top.get("estimate", {}), trainer_kind=trainer["kind"], allocation=allocation
     )

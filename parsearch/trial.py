@@ -20,6 +20,7 @@ class TrialSpec:
     ``trainer`` is the space's trainer section as loaded (``kind`` is ``"builtin"`` or
     ``"command"``, plus its settings such as ``steps``, ``warmup_steps``, ``schedule``).
     ``nodes`` is how many nodes of ``allocation.devices_per_node`` devices the trial spans.
+    ``memory_cap_bytes`` is the space's ``memory_cap``: a trial measured above it is ``oom``.
     """
 
     trial_id: str
@@ -29,6 +30,7 @@ class TrialSpec:
     trainer: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 600.0
     seed: int = 0
+    memory_cap_bytes: int | None = None
 
     @property
     def nodes(self) -> int:
@@ -48,6 +50,7 @@ class TrialSpec:
             "trainer": dict(self.trainer),
             "timeout_s": self.timeout_s,
             "seed": self.seed,
+            "memory_cap_bytes": self.memory_cap_bytes,
         }
 
     def to_json(self) -> str:
@@ -63,6 +66,7 @@ class TrialSpec:
             trainer=dict(data.get("trainer") or {}),
             timeout_s=float(data.get("timeout_s", 600.0)),
             seed=int(data.get("seed", 0)),
+            memory_cap_bytes=data.get("memory_cap_bytes"),
         )
 
     @classmethod

@@ -72,6 +72,20 @@ def parse_rate(value: object) -> float:
         raise ValueError(f"expected a bandwidth such as 25GB/s or 100GB/s, got {value!r}") from None
 
 
+def exact_size(value: int) -> str:
+    """The largest binary unit that divides ``value`` exactly: ``40MiB``, ``1536KiB``,
+    ``1000B`` (what ``{memory_cap}`` passes to a program; :func:`parse_bytes` reads it back)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value % size == 0:
+            return f"{value // size}{unit}"
+    return f"{value}B"
+
+
+def count_of(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def format_bytes(value: float) -> str:
     """Binary units with three significant figures: ``61.2 GiB``."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -14,5 +14,8 @@ want="$(cat pyproject.toml constraints/dev.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -c constraints/dev.txt -e ".[dev]"
+    # DeepSpeed compiles its CPU collective op on first use (under ~/.cache/torch_extensions);
+    # once here, so no trial of a test pays minutes for it inside its timeout.
+    .venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null 2>&1 || echo "bootstrap: DeepSpeed's CPU op did not build now; its first trial will build it" >&2
     echo "$want" > "$stamp"
 fi

@@ -5,6 +5,8 @@ import os
 import socket
 import time
 
+import pytest
+
 from parsearch.campaign.progress import Progress, Snapshot, format_duration
 from parsearch.commands.status import render_text as status_text
 from parsearch.config import ParallelLayout
@@ -117,3 +119,20 @@ def test_status_names_the_live_driver_and_says_when_it_seems_dead(tmp_path):
     assert f"driver   pid {os.getpid()} on {socket.gethostname()}, last heartbeat" in text
     assert "it seems dead: `parsearch resume` takes the campaign over" in text
     assert "seems dead" not in status_text(live, [])
+
+
+def test_the_drivers_eta_counts_down_while_a_trial_runs(monkeypatch):
+    """After one finished trial in 10 s, 9 to go: 90 s then, 80 s ten seconds later (a rate
+    taken now would have made it rise to 180 s)."""
+    from parsearch.campaign import driver as driver_module
+
+    driver = driver_module.Driver.__new__(driver_module.Driver)
+    driver.settings = driver_module.DriverSettings(budget=10)
+    driver.finished, driver._finished_here = 1, 1
+    driver._started, driver._last_finish = 100.0, 110.0
+    monkeypatch.setattr(driver_module.time, "monotonic", lambda: 110.0)
+    assert driver._eta_s() == pytest.approx(90.0)
+    monkeypatch.setattr(driver_module.time, "monotonic", lambda: 120.0)
+    assert driver._eta_s() == pytest.approx(80.0)
+    monkeypatch.setattr(driver_module.time, "monotonic", lambda: 300.0)
+    assert driver._eta_s() == 0.0

@@ -104,6 +104,7 @@ class Driver:
         self.interrupted = 0
         self._started = time.monotonic()
         self._finished_here = 0
+        self._last_finish = self._started
         self._no_room_since: float | None = None
         # Trial ids name work directories: unique across campaigns and attempts, path-safe.
         self._slug = re.sub(r"[^A-Za-z0-9._-]+", "_", campaign.name)
@@ -213,6 +214,7 @@ class Driver:
             trainer=dict(self.space.trainer),
             timeout_s=self.trial_timeout_s,
             seed=self.campaign.seed,
+            memory_cap_bytes=self.space.memory_cap_bytes,
         )
         hosts = self.backend.submit(spec)
         self._no_room_since = None
@@ -246,6 +248,7 @@ class Driver:
             self._count(record)
             self.observers.trial_finished(self.campaign, record)
             self._finished_here += 1
+            self._last_finish = time.monotonic()
             told.append((record, result))
         self._tell(told)
 
@@ -310,11 +313,13 @@ class Driver:
         )
 
     def _eta_s(self) -> float | None:
-        """Remaining trials at this session's finishing rate."""
+        """Remaining trials at this session's finishing rate as of the last finish, counted
+        down since (a rate taken now would fall while a trial runs, and the ETA rise)."""
         if not self._finished_here:
             return None
-        rate = self._finished_here / (time.monotonic() - self._started)
-        return max(0, self.settings.budget - self.finished) / rate
+        rate = self._finished_here / max(1e-9, self._last_finish - self._started)
+        at_last_finish = max(0, self.settings.budget - self.finished) / rate
+        return max(0.0, at_last_finish - (time.monotonic() - self._last_finish))
 
 
 def _prediction(proposal: Proposal) -> dict | None:

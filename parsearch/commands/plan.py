@@ -11,7 +11,7 @@ from typing import Any
 from parsearch.commands import COMMANDS
 from parsearch.probe.profile import apply_profile
 from parsearch.space import SpacePlan, load_space
-from parsearch.units import format_bytes
+from parsearch.units import count_of, format_bytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,7 +81,8 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
         f"{model.num_heads} heads, seq {model.seq_length}"
     )
     print(
-        f"  allocation {alloc.name}: {alloc.nodes} nodes x {alloc.devices_per_node} devices = "
+        f"  allocation {alloc.name}: {count_of(alloc.nodes, 'node')} x "
+        f"{count_of(alloc.devices_per_node, 'device')} = "
         f"{space.world_size}, {format_bytes(space.memory_limit_bytes)} per device"
     )
     print(

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from datetime import datetime
 
 from parsearch.campaign.progress import describe_best, format_duration
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
+from parsearch.failures import (
+    FAILURE_STATES,
+    FailureGroup,
+    describe_trials,
+    group_failures,
+)
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
 from parsearch.store import CampaignStatus
 
@@ -29,14 +36,17 @@ def run(args: argparse.Namespace) -> int:
     with open_campaign(args.store, args.name) as (store, campaign):
         progress = campaign_progress(store, campaign)
         others = [c.name for c in store.list_campaigns() if c.id != campaign.id]
+        failures = group_failures(store.trials(campaign.id, FAILURE_STATES))
     if args.format == "json":
-        print(json.dumps(status_document(progress), indent=2))
+        print(json.dumps(status_document(progress, failures), indent=2))
     else:
-        print(render_text(progress, others))
+        print(render_text(progress, others, failures))
     return 0
 
 
-def render_text(progress: CampaignProgress, others: list[str]) -> str:
+def render_text(
+    progress: CampaignProgress, others: list[str], failures: Sequence[FailureGroup] = ()
+) -> str:
     campaign, best = progress.campaign, progress.best
     created = datetime.fromtimestamp(campaign.created_at).strftime("%Y-%m-%d %H:%M")
     states = ", ".join(f"{s.value} {n}" for s, n in progress.counts.items() if n) or "none yet"
@@ -57,6 +67,12 @@ def render_text(progress: CampaignProgress, others: list[str]) -> str:
         )
         + (f" (trial #{best.number})" if best else ""),
     ]
+    for i, group in enumerate(failures):
+        count = len(group.trials)
+        lines.append(
+            f"  {'failed' if i == 0 else '':8} {group.state.value} x{count} "
+            f"({describe_trials(group.trials)}): {group.reason}"
+        )
     if progress.eta_s is not None:
         lines.append(f"  ETA      {format_duration(progress.eta_s)}")
     if progress.driver is not None:

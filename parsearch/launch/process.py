@@ -217,6 +217,7 @@ class NodeRun:
         self.master_port = master_port
         # Absolute: forked ranks start in the fork server's directory, not ours.
         self.trial_dir = Path(trial_dir).resolve()
+        self.cwd = self.trial_dir  # where spawned ranks start (a trainer kind may change it)
         self.custom_command = command is not None
         self.command = list(command) if command is not None else default_command(self.trial_dir)
         self.extra_env = dict(env or {})
@@ -257,7 +258,7 @@ class NodeRun:
 
                 process = ForkedRank(env, log, self.trial_dir, self.command[3:])
             else:
-                process = SpawnedRank(self.command, env, log, self.trial_dir)
+                process = SpawnedRank(self.command, env, log, self.cwd)
             self.ranks.append(_Rank(rank, process.pid, log, process))
         return self
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from parsearch.config import ParallelLayout
+from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import FINISHED_STATES, TrialState
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, open_store
@@ -34,11 +35,13 @@ class ReportData:
 
     ``trials`` is :meth:`SQLiteStore.dataframe`: one row per trial, layout fields, ``state``,
     ``objective`` (ok trials only), measured metrics by name and ``predicted.<metric>``.
+    ``failures``: the failed trials grouped by state and reason (as ``parsearch status``).
     """
 
     campaign: Campaign
     space: SearchSpace
     trials: pd.DataFrame
+    failures: tuple[FailureGroup, ...] = ()
 
     @property
     def objective(self) -> str:
@@ -81,8 +84,9 @@ def load_report_data(store_path: str | Path, name: str | None = None) -> ReportD
     with open_store(store_path, readonly=True) as store:
         campaign = store.get_campaign(name)
         trials = store.dataframe(campaign.id)
+        failures = tuple(group_failures(store.trials(campaign.id, FAILURE_STATES)))
     space = space_from_dict(campaign.space, source=campaign.space_path or campaign.name)
-    return ReportData(campaign=campaign, space=space, trials=trials)
+    return ReportData(campaign=campaign, space=space, trials=trials, failures=failures)
 
 
 def layout_of(row: pd.Series) -> ParallelLayout:

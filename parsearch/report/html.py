@@ -18,11 +18,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from parsearch.errors import ParsearchError
+from parsearch.failures import describe_trials
 from parsearch.report.data import ReportData, layout_of, pareto_front, top_table
 from parsearch.report.figures import FIGURES, format_metric
 from parsearch.report.machine import describe_machine
 from parsearch.trainer_flags import EXPORTERS, export
-from parsearch.units import format_bytes
+from parsearch.units import count_of, format_bytes
 
 # What each figure answers and how to read it: the captions of the page.
 CAPTIONS = {
@@ -83,6 +84,7 @@ def render_html(data: ReportData, images: dict[str, bytes], *, top_k: int = 10) 
         f"<h1>{_e(title)}</h1>",
         _summary(data),
         _best(data),
+        _failures(data),
         "<h2>Figures</h2>",
     ]
     for name in FIGURES:
@@ -121,7 +123,8 @@ def _summary(data: ReportData) -> str:
         ),
         (
             "allocation",
-            f"{alloc.name}: {alloc.nodes} nodes × {alloc.devices_per_node} devices = "
+            f"{alloc.name}: {count_of(alloc.nodes, 'node')} × "
+            f"{count_of(alloc.devices_per_node, 'device')} = "
             f"{space.world_size}; memory limit {format_bytes(data.memory_limit_bytes)} per rank",
         ),
         ("objective", f"{data.objective_label} (maximised)"),
@@ -158,6 +161,24 @@ def _best(data: ReportData) -> str:
     return "\n".join(parts)
 
 
+def _failures(data: ReportData) -> str:
+    """Failed trials grouped by state and reason (``parsearch show --trial N`` has each)."""
+    if not data.failures:
+        return ""
+    rows = "".join(
+        f'<tr><td class="text">{_e(group.state.value)}</td><td>{len(group.trials)}</td>'
+        f'<td class="text">{_e(describe_trials(group.trials))}</td>'
+        f'<td class="text">{_e(group.reason)}</td></tr>'
+        for group in data.failures
+    )
+    return (
+        "<h2>Failures</h2><p>Why trials failed, grouped (<code>parsearch show --store S "
+        "--trial N</code> prints one whole, with its log tail):</p>"
+        '<table><tr><th class="text">state</th><th>trials</th><th class="text">which</th>'
+        f'<th class="text">reason (of the first)</th></tr>{rows}</table>'
+    )
+
+
 def _pareto(data: ReportData) -> str:
     front = pareto_front(data)
     if front.empty:
@@ -188,7 +209,7 @@ def _formatted(table: pd.DataFrame, data: ReportData) -> pd.DataFrame:
 # Tables compare close neighbours, so they print more digits than figure labels.
 TABLE_FORMATS = {
     "tokens_per_s": "{:,.0f}",
-    "tflops_per_device": "{:.1f}",
+    "tflops_per_device": "{:.3g}",  # a CPU rehearsal's 0.0014 must not print as 0.0
     "mfu": "{:.1%}",
     "step_time_s": "{:.3f}",
 }

@@ -17,7 +17,7 @@ from typing import Any
 
 from parsearch.errors import ParsearchError
 from parsearch.formats import format_layout, trial_document
-from parsearch.query import campaign_progress, status_document
+from parsearch.query import campaign_status
 from parsearch.result import TrialState
 from parsearch.store import Campaign, SQLiteStore, TrialRecord, open_store
 from parsearch.trainer_flags import EXPORTERS
@@ -100,7 +100,7 @@ def find_campaign(store: SQLiteStore, name: str) -> Campaign:
 
 def status(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
     """``parsearch status --format json``."""
-    return plain(status_document(campaign_progress(store, campaign)))
+    return plain(campaign_status(store, campaign))
 
 
 def memory_cap(text: str | None) -> int | None:

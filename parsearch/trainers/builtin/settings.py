@@ -51,9 +51,10 @@ class TrainerSettings:
     """The built-in trainer's options (the ``trainer:`` section of a search space).
 
     ``device``/``precision`` default to ``auto``: CUDA with bf16 autocast and NCCL when a GPU
-    is visible, else CPU with fp32 and gloo. ``memory_cap_bytes`` turns a measured peak above
-    it into an ``oom`` result (the memory wall of a CPU rehearsal); ``enforce_memory_cap``
-    uses ``allocation.device_memory_bytes`` as the cap. On CPU the memory of the last
+    is visible, else CPU with fp32 and gloo. ``memory_cap_bytes`` (else the space's
+    ``memory_cap``) turns a measured peak above it into an ``oom`` result (the memory wall of
+    a CPU rehearsal); ``enforce_memory_cap`` uses ``allocation.device_memory_bytes`` as the
+    cap. On CPU the memory of the last
     warm-up step is traced (the first measured step if ``warmup_steps`` is 0, whose time then
     includes the tracer's overhead; under pipelining never the very first step).
     """
@@ -120,6 +121,8 @@ class TrainerSettings:
         """The peak above which a trial is out of memory, if any."""
         if self.memory_cap_bytes is not None:
             return int(self.memory_cap_bytes)
+        if spec.memory_cap_bytes is not None:  # the space's memory_cap
+            return int(spec.memory_cap_bytes)
         return spec.allocation.device_memory_bytes if self.enforce_memory_cap else None
 
 

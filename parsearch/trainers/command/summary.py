@@ -39,9 +39,15 @@ def _finite(value: Any, what: str, *, positive: bool = True) -> float:
 
 
 def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, Any]:
-    """The metrics of one log (raise :class:`NoMeasurement` when it has none)."""
-    if scan.summary is not None:
+    """The metrics of one log (raise :class:`NoMeasurement` when it has none).
+
+    A trainer's own summary decides the throughput when it has a timing figure (its own
+    warm-up handling applies, not ``warmup_steps``); step lines then add the last loss."""
+    if scan.summary is not None and any(key in scan.summary for key in _TIMING_KEYS):
         metrics = _from_summary(scan.summary, spec)
+        losses = [step.loss for step in scan.steps if step.loss is not None]
+        if "loss" in scan.summary or losses:
+            metrics["loss"] = scan.summary.get("loss", losses[-1] if losses else None)
     else:
         metrics = _from_steps(scan.steps, spec, warmup_steps)
     if scan.peak_mem_bytes is not None:
@@ -69,15 +75,46 @@ def _with_flops(metrics: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
     return metrics
 
 
+_TIMING_KEYS = (
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "samples_per_s",
+    "steps_per_s",
+    "step_time_s",
+)
+
+
+def _rate_and_time(
+    figures: Any, spec: TrialSpec, tokens: float
+) -> tuple[float | None, float | None]:
+    """Tokens per second and seconds per step from whichever a trainer gave (a mapping or a
+    :class:`Step`): a rate per token, per device, per sample or per step, or a step time."""
+
+    def get(name: str) -> float | None:
+        value = figures.get(name) if isinstance(figures, dict) else getattr(figures, name)
+        return None if value is None else _finite(value, name)
+
+    rate = get("tokens_per_s")
+    if rate is None and (per_device := get("tokens_per_s_per_device")) is not None:
+        rate = per_device * spec.layout.world_size
+    if rate is None and (samples := get("samples_per_s")) is not None:
+        rate = samples * spec.model.seq_length
+    time = get("step_time_s")
+    if time is None and (steps := get("steps_per_s")):
+        time = 1.0 / steps
+    if time is None and rate:
+        time = tokens / rate
+    if rate is None and time:
+        rate = tokens / time
+    return rate, time
+
+
 def _from_summary(summary: dict[str, Any], spec: TrialSpec) -> dict[str, Any]:
-    tokens_per_s = _finite(summary["tokens_per_s"], "tokens_per_s")
-    step_time_s = summary.get("step_time_s")
-    metrics: dict[str, Any] = {
-        "tokens_per_s": tokens_per_s,
-        "step_time_s": _tokens_per_step(spec) / tokens_per_s
-        if step_time_s is None
-        else _finite(step_time_s, "step_time_s"),
-    }
+    tokens_per_s, step_time_s = _rate_and_time(summary, spec, _tokens_per_step(spec))
+    if not tokens_per_s or tokens_per_s <= 0 or not step_time_s or step_time_s <= 0:
+        shown = {key: summary[key] for key in _TIMING_KEYS if key in summary}
+        raise NoMeasurement(f"the trainer's summary reports no positive throughput: {shown}")
+    metrics: dict[str, Any] = {"tokens_per_s": tokens_per_s, "step_time_s": step_time_s}
     for key in ("tflops_per_device", "mfu"):
         if key in summary:
             metrics[f"reported_{key}"] = _finite(summary[key], key, positive=False)
@@ -108,17 +145,15 @@ def _from_steps(steps: list[Step], spec: TrialSpec, warmup_steps: int) -> dict[s
     times, rates = [], []
     for step in measured:
         tokens = (step.global_batch or expected) * (step.seq_length or spec.model.seq_length)
-        rate = step.tokens_per_s
-        if rate is None and step.tokens_per_s_per_device is not None:
-            rate = step.tokens_per_s_per_device * spec.layout.world_size
-        if rate is not None:
-            rate = _finite(rate, f"the token rate of step {step.index}")
-        time = step.step_time_s if step.step_time_s is not None else tokens / rate if rate else None
-        if time is None:
-            raise NoMeasurement(f"step {step.index} has neither a step time nor a token rate")
-        time = _finite(time, f"the step time of step {step.index}")
+        rate, time = _rate_and_time(step, spec, tokens)
+        if time is None or time <= 0 or rate is None:
+            raise NoMeasurement(
+                f"step {step.index} has neither a step time nor a rate (tokens, samples or "
+                "steps per second); with a pattern printed once at the end, give it "
+                "role: summary"
+            )
         times.append(time)
-        rates.append(rate if rate is not None else tokens / time)
+        rates.append(rate)
     metrics: dict[str, Any] = {
         "step_time_s": statistics.median(times),
         "step_time_spread_s": max(times) - min(times),

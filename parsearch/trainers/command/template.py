@@ -28,6 +28,7 @@ errors when the space is loaded, never in the middle of a campaign.
 
 from __future__ import annotations
 
+import os
 import shlex
 import string
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ from typing import Any
 
 from parsearch.config import RECOMPUTE_CHOICES
 from parsearch.trial import TrialSpec
+from parsearch.units import exact_size
 
 PLACEHOLDERS: dict[str, str] = {
     "tp": "tensor-parallel size",
@@ -71,6 +73,9 @@ PLACEHOLDERS: dict[str, str] = {
     "ffn_hidden_size": "model.ffn_hidden_size (4*hidden_size when not set)",
     "vocab_size": "model.vocab_size",
     "seq_length": "model.seq_length",
+    "memory_cap": "the space's memory_cap (else the device memory) as a size, e.g. 40MiB",
+    "memory_cap_bytes": "the space's memory_cap (else the device memory) in bytes",
+    "launch_dir": "the directory parsearch (the driver, or a worker) was started in",
 }
 # The file {hostfile} names, in the trial directory.
 HOSTFILE = "hosts"
@@ -111,6 +116,7 @@ def trial_values(
     """Every built-in placeholder's value for one node of one trial. ``hosts``: where the
     trial's nodes run, node 0 first, as the backend knows them."""
     layout, model = spec.layout, spec.model
+    cap = spec.memory_cap_bytes or spec.allocation.device_memory_bytes
     return {
         "tp": layout.tp,
         "pp": layout.pp,
@@ -144,6 +150,9 @@ def trial_values(
         "ffn_hidden_size": model.ffn,
         "vocab_size": model.vocab_size,
         "seq_length": model.seq_length,
+        "memory_cap": exact_size(cap),
+        "memory_cap_bytes": cap,
+        "launch_dir": os.getcwd(),
     }
 
 

@@ -9,14 +9,22 @@ process groups, the timeout and the logs, in one of two ways:
   ``MASTER_ADDR``, ``MASTER_PORT`` set, as ``srun`` would (Megatron's ``pretrain_gpt.py``);
 * ``launch: per_node`` — once per node, for launchers that start the ranks themselves
   (``torchrun``, ``deepspeed``); the template passes ``{nnodes} {node_rank}
-  {nproc_per_node} {master_addr} {master_port}`` to them.
+  {nproc_per_node} {master_addr} {master_port}`` to them;
+* ``launch: single`` — one plain process for the whole (single-node) trial, with none of
+  the launcher variables, for programs that switch to distributed mode when ``RANK`` is
+  set (nanoGPT's ``train.py``).
+
+It runs in the trial directory, or in ``cwd`` (placeholders allowed; relative to the trial
+directory) for programs that read files relative to their checkout.
 
 When the ranks have ended (or been killed), the node's logs are read again. Unless every
 rank exited 0 with metrics, an out-of-memory line in any log makes the trial ``oom``, even
 when a hang ended it (a rank that ran out of memory often leaves its peers waiting in a
 collective until the timeout). The metrics come from the *last* rank whose log has metric
 lines, as Megatron prints from its last pipeline stage, and peak memory from every log; a
-timeout after enough measured steps still yields them (``ended_by_timeout``).
+timeout after enough measured steps still yields them (``ended_by_timeout``). A peak
+measured above the space's ``memory_cap`` makes an otherwise ok trial ``oom``
+(:func:`over_memory_cap`); ``{memory_cap}`` passes the cap to the program.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from parsearch.launch.oom import first_oom_line
 from parsearch.launch.process import NodeRun, read_tail
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
-from parsearch.trainers.command.parsers.regex import compile_patterns
+from parsearch.trainers.command.parsers.regex import compile_patterns, resolve_scale, scale_factors
 from parsearch.trainers.command.summary import NoMeasurement, summarize
 from parsearch.trainers.command.template import (
     HOSTFILE,
@@ -46,6 +54,7 @@ from parsearch.trainers.command.template import (
     trial_values,
 )
 from parsearch.trial import TrialSpec
+from parsearch.units import format_bytes
 
 SECTION_KEYS = (
     "kind",
@@ -62,8 +71,9 @@ SECTION_KEYS = (
     "warmup_steps",
     "timeout",
     "bind_devices",
+    "cwd",
 )
-LAUNCH_MODES = ("per_rank", "per_node")
+LAUNCH_MODES = ("per_rank", "per_node", "single")
 DEFAULTS: dict[str, Any] = {
     "launch": "per_rank",
     "shell": False,
@@ -77,18 +87,21 @@ DEFAULTS: dict[str, Any] = {
 }
 _DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+# What makes a program think it is one rank of a distributed job (nanoGPT checks RANK).
+_LAUNCHER_VARS = (*_RANK_VARS, "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def validate_section(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Check a space's ``trainer`` section of ``kind: command``; return it with defaults.
 
-    Keys: ``command`` (list or string; required), ``launch`` (per_rank | per_node),
+    Keys: ``command`` (list or string; required), ``launch`` (per_rank | per_node | single),
     ``shell`` (false), ``env`` (name → value, placeholders allowed), ``vars`` (the space's
     own placeholders: name → fixed value), ``files`` (file name in the trial directory →
     a mapping written as JSON, or a text template), ``parser`` (json | megatron |
     megatron-deepspeed | torchtitan | regex), ``patterns`` and ``scale`` (regex parser),
     ``steps``, ``warmup_steps``, ``timeout`` (seconds), ``bind_devices`` (false: every rank
-    sees every device of its node; true: one each, as ``srun --gpu-bind``).
+    sees every device of its node; true: one each, as ``srun --gpu-bind``), ``cwd`` (the
+    working directory, placeholders allowed; default the trial directory).
     """
     return CommandSettings.from_section(data, source).section
 
@@ -101,6 +114,7 @@ class CommandSettings:
     template: CommandTemplate
     env: dict[str, Text]
     files: dict[str, Any]
+    cwd: Text | None = None
 
     @classmethod
     def from_section(cls, data: Mapping[str, Any], source: str) -> CommandSettings:
@@ -145,7 +159,7 @@ class CommandSettings:
                 raise error("trainer.timeout", f"must be a positive number, got {timeout!r}")
             section["timeout"] = float(timeout)
         names = _placeholder_names(section["vars"], error)
-        _check_parser(section, error)
+        _check_parser(section, names, error)
         try:
             template = CommandTemplate.parse(section["command"], names, shell=section["shell"])
             env = {
@@ -156,9 +170,10 @@ class CommandSettings:
                 name: _parse_file(content, names, name, error)
                 for name, content in _mapping(section["files"], "trainer.files", error).items()
             }
+            cwd = Text.parse(section["cwd"], names, "trainer.cwd") if "cwd" in section else None
         except TemplateError as problem:
             raise error(problem.where, str(problem)) from None
-        return cls(section, template, env, files)
+        return cls(section, template, env, files, cwd)
 
     def values(self, spec: TrialSpec, **node: Any) -> dict[str, Any]:
         """Every placeholder's value (built-in and the space's ``vars``) for one node."""
@@ -201,7 +216,7 @@ def _placeholder_names(variables: Any, error: Any) -> frozenset[str]:
     return frozenset(PLACEHOLDERS) | frozenset(variables)
 
 
-def _check_parser(section: dict[str, Any], error: Any) -> None:
+def _check_parser(section: dict[str, Any], names: frozenset[str], error: Any) -> None:
     if section["parser"] != "regex":
         for key in ("patterns", "scale"):
             if key in section:
@@ -215,10 +230,10 @@ def _check_parser(section: dict[str, Any], error: Any) -> None:
     for metric, factor in _mapping(section.get("scale", {}), "trainer.scale", error).items():
         if metric not in patterns:
             raise error(f"trainer.scale.{metric}", "scales a metric that has no pattern")
-        if isinstance(factor, bool) or not isinstance(factor, int | float):
-            raise error(f"trainer.scale.{metric}", f"must be a positive number, got {factor!r}")
-        if not 0 < factor < math.inf:
-            raise error(f"trainer.scale.{metric}", f"must be a positive number, got {factor!r}")
+        try:
+            scale_factors(factor, names)
+        except ValueError as problem:
+            raise error(f"trainer.scale.{metric}", str(problem)) from None
 
 
 def _parse_file(content: Any, names: frozenset[str], name: Any, error: Any) -> Any:
@@ -298,7 +313,10 @@ class CommandNodeRun(NodeRun):
             env={**rendered, **(env or {})},
             grace_s=grace_s,
         )
-        self.per_node = self.settings.section["launch"] == "per_node"
+        self.launch = self.settings.section["launch"]
+        self.per_node = self.launch in ("per_node", "single")
+        if self.settings.cwd is not None:
+            self.cwd = self.trial_dir / Path(self.settings.cwd.render(self.values)).expanduser()
         self._concluded = False
 
     def global_ranks(self) -> range:
@@ -310,6 +328,8 @@ class CommandNodeRun(NodeRun):
     def start(self) -> CommandNodeRun:
         """Write the space's generated files and the host file into the trial directory,
         then start."""
+        if self.settings.cwd is not None and not self.cwd.is_dir():
+            raise NotADirectoryError(f"trainer.cwd: {self.cwd} is not a directory")
         self.trial_dir.mkdir(parents=True, exist_ok=True)
         written = {
             name: _render_file(template, self.values)
@@ -333,7 +353,10 @@ class CommandNodeRun(NodeRun):
                     env[var] = inherited[var]
                 else:
                     env.pop(var, None)
-        if self.per_node:
+        if self.launch == "single":
+            for var in _LAUNCHER_VARS:
+                env.pop(var, None)
+        elif self.per_node:
             for var in _RANK_VARS:
                 env.pop(var, None)
             env["NNODES"] = str(self.nnodes)
@@ -349,14 +372,21 @@ class CommandNodeRun(NodeRun):
         return self.result
 
     def _label(self, rank: int) -> str:
+        if self.launch == "single":
+            return "the trainer"
         return f"node {rank}" if self.per_node else f"rank {rank}"
 
     def _conclude(self, agent: TrialResult) -> TrialResult:
         """Re-read the logs and decide the trial's state and metrics (see module doc)."""
         if agent.status is TrialState.INTERRUPTED:
             return agent
-        final = self._judge(agent)
+        final = over_memory_cap(self._judge(agent), self.spec.memory_cap_bytes)
         final.hosts, final.duration_s = agent.hosts, agent.duration_s
+        if self.per_node and final.error:  # the agent counts processes as ranks
+            for rank in self.ranks:
+                label = self._label(rank.rank)
+                final.error = final.error.replace(f"rank {rank.rank} ", f"{label} ", 1)
+                final.error = final.error.replace(f"ranks [{rank.rank}]", label, 1)
         return final
 
     def _judge(self, agent: TrialResult) -> TrialResult:
@@ -408,8 +438,9 @@ class CommandNodeRun(NodeRun):
         there are no metrics (then ``peak_mem_bytes`` alone, for merge_node_results)."""
         section = self.settings.section
         scans: list[tuple[int, Path, LogScan]] = []
+        scale = resolve_scale(section.get("scale", {}), self.values)
         for rank in self.ranks:
-            parser = make_parser(section["parser"], section.get("patterns"), section.get("scale"))
+            parser = make_parser(section["parser"], section.get("patterns"), scale)
             with rank.log.open(errors="replace") as lines:
                 scans.append((rank.rank, rank.log, parse_lines(lines, parser)))
         memory = LogScan()
@@ -432,6 +463,26 @@ class CommandNodeRun(NodeRun):
             metrics["status"] = scan.summary["status"]
         metrics.update(parser=section["parser"], metrics_log=log.name)
         return metrics, "", log
+
+
+def over_memory_cap(result: TrialResult, cap: int | None) -> TrialResult:
+    """``result``, or ``oom`` when it measured a peak above the space's ``memory_cap``: the
+    layout would not fit the memory the space allows, so it must never rank as best. The
+    metrics stay, so ``parsearch show`` has the measured figure."""
+    peak = result.metrics.get("peak_mem_bytes")
+    if not result.ok or cap is None or peak is None or peak <= cap:
+        return result
+    return TrialResult(
+        status=TrialState.OOM,
+        metrics=result.metrics,
+        error=(
+            f"measured peak memory {format_bytes(peak)} ({int(peak)} B) per rank exceeds "
+            f"memory_cap {format_bytes(cap)} ({cap} B)"
+        ),
+        log_tail=result.log_tail,
+        hosts=result.hosts,
+        duration_s=result.duration_s,
+    )
 
 
 def _memory_metrics(scan: LogScan) -> dict[str, Any]:

@@ -39,6 +39,8 @@ class Step:
     step_time_s: float | None = None
     tokens_per_s: float | None = None
     tokens_per_s_per_device: float | None = None
+    samples_per_s: float | None = None
+    steps_per_s: float | None = None
     global_batch: int | None = None
     seq_length: int | None = None
     reported_tflops_per_device: float | None = None

@@ -1,0 +1,181 @@
+"""``parsearch trial SPACE --layout "tp2 pp1 mbs4 gas2"``: a dry run of one layout.
+
+Runs one trial of the space's trainer on this machine exactly as the ``local`` backend
+would (the same node agent, guard, parser and classification), and prints what a user
+testing a command template or a regex pattern needs: the filled command, the parsed
+metrics, the trial's state and why, and the log tail. Nothing is written to a store.
+Exit code 0 when the trial ends ``ok``, 1 when it does not, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from parsearch.commands import COMMANDS
+from parsearch.config import ParallelLayout
+from parsearch.errors import LayoutError
+from parsearch.failures import failure_reason
+from parsearch.launch.guard import guarded
+from parsearch.launch.process import free_port
+from parsearch.result import TrialResult
+from parsearch.search.candidates import layout_problems, raw_layout
+from parsearch.space import SearchSpace, load_space
+from parsearch.trainers import merge_results, node_run
+from parsearch.trial import TrialSpec
+
+_TOKEN = re.compile(r"^(tp|pp|dp|mbs|gas|z|zero|vpp)(\d+)$|^rc=(\w+)$|^(sp)$")
+_FIELDS = {"z": "zero_stage", "zero": "zero_stage"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "trial",
+        help=COMMANDS["trial"],
+        description="Run one layout of SPACE with its trainer on this machine (as the local "
+        "backend would) and print the filled command, the parsed metrics, the "
+        "classification and the log tail. Nothing is stored. Exit 0 if the trial is ok.",
+    )
+    parser.add_argument("space", help="search-space YAML file")
+    parser.add_argument(
+        "--layout",
+        required=True,
+        help='the layout as top prints it, e.g. "tp2 pp1 mbs4 gas2" (also z1, rc=full, vpp2, '
+        "sp); dp is derived, and dimensions the space fixes may be left out",
+    )
+    parser.add_argument("--workdir", help="keep the trial's directory (logs, files) here")
+    parser.add_argument("--lines", type=int, default=30, help="log tail lines (default 30)")
+    parser.set_defaults(func=run)
+
+
+def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
+    """The layout ``text`` names in ``space``; :class:`LayoutError` says what is wrong."""
+    given: dict[str, Any] = {}
+    for token in text.replace(",", " ").split():
+        match = _TOKEN.match(token)
+        if match is None:
+            raise LayoutError(
+                f'--layout: cannot read {token!r}; write e.g. "tp2 pp1 mbs4 gas2" '
+                "(tpN ppN dpN mbsN gasN zN vppN rc=none|selective|full sp)"
+            )
+        name, number, recompute, sp = match.groups()
+        if recompute is not None:
+            given["recompute"] = recompute
+        elif sp is not None:
+            given["sequence_parallel"] = True
+        else:
+            given[_FIELDS.get(name, name)] = int(number)
+    for name, candidates in space.searched.items():
+        if name not in given and not (name == "sequence_parallel"):
+            raise LayoutError(
+                f"--layout: {space.source} searches {name} over "
+                f"{', '.join(map(str, candidates))}; give one"
+            )
+    for name, candidates in space.searched.items():
+        if name in given and given[name] not in candidates:
+            raise LayoutError(
+                f"--layout: {name} {given[name]} is not among the values {space.source} "
+                f"searches: {', '.join(map(str, candidates))}"
+            )
+    point = {name: given.get(name, False) for name in space.searched}
+    layout = raw_layout(space, point)
+    for name, value in given.items():
+        if name not in space.searched and getattr(layout, name) != value:
+            raise LayoutError(
+                f"--layout: {name}{value} is not this space's: {space.source} has "
+                f"{name} = {getattr(layout, name)}"
+                + (" (dp = world size / (tp*pp))" if name == "dp" else "")
+            )
+    problems = layout_problems(space, layout)
+    if problems:
+        raise LayoutError(f"--layout {text!r} cannot run: {'; '.join(problems)}")
+    return layout
+
+
+def run(args: argparse.Namespace) -> int:
+    space = load_space(args.space)
+    layout = parse_layout(space, args.layout)
+    spec = TrialSpec(
+        trial_id="dry-run",
+        model=space.model,
+        layout=layout,
+        allocation=space.allocation,
+        trainer=dict(space.trainer),
+        timeout_s=space.trial_timeout_s,
+        memory_cap_bytes=space.memory_cap_bytes,
+    )
+    keep = args.workdir is not None
+    workdir = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="parsearch-trial-"))
+    trial_dir = (workdir / spec.trial_id).resolve()
+    try:
+        result, commands = run_trial(spec, trial_dir)
+        print(render(layout, spec, result, commands, trial_dir if keep else None, args.lines))
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if result.ok else 1
+
+
+def run_trial(spec: TrialSpec, trial_dir: Path) -> tuple[TrialResult, list[list[str]]]:
+    """Every node of ``spec`` on this machine, as the local backend runs them; the merged
+    result and each node's command (without the guard's prefix)."""
+    port = free_port("127.0.0.1")
+    runs = [
+        node_run(spec, node, spec.nodes, "127.0.0.1", port, trial_dir) for node in range(spec.nodes)
+    ]
+    commands = [list(run.command) for run in runs]
+    runs = [guarded(run) for run in runs]
+    print(f"running {spec.layout.short()} (timeout {spec.timeout_s:g} s) ...", file=sys.stderr)
+    try:
+        for run in runs:
+            run.start()
+        while True:
+            results = [run.poll() for run in runs]
+            failed = [r for r in results if r is not None and not r.ok]
+            if failed or all(r is not None for r in results):
+                break
+            time.sleep(0.05)
+    finally:
+        results = [run.kill() for run in runs]
+    return merge_results(spec, results), commands
+
+
+def render(
+    layout: ParallelLayout,
+    spec: TrialSpec,
+    result: TrialResult,
+    commands: list[list[str]],
+    kept: Path | None,
+    lines: int,
+) -> str:
+    out = [f"layout   {layout.short()} ({spec.trainer.get('kind', 'builtin')} trainer)"]
+    for node, command in enumerate(commands):
+        label = "command " if len(commands) == 1 else f"node {node}  "
+        out.append(f"{label} {shlex.join(command)}")
+    out.append(f"state    {result.status.value}, {result.duration_s:.1f} s")
+    if result.error:
+        why = failure_reason(result.error, result.log_tail) if not result.ok else result.error
+        out.append(f"why      {why}")
+    if result.metrics:
+        out.append("metrics  " + json.dumps(_shown(result.metrics), indent=None))
+    if kept is not None:
+        out.append(f"files    {kept}")
+    tail = result.log_tail.splitlines()[-lines:]
+    out.append(f"log tail ({len(tail)} lines)" if tail else "log tail (empty)")
+    out += [f"  {line}" for line in tail]
+    return "\n".join(out)
+
+
+def _shown(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: f"[{len(value)} values]" if isinstance(value, list) and len(value) > 8 else value
+        for key, value in metrics.items()
+    }

@@ -1,0 +1,56 @@
+"""DeepSpeed, a program nobody here wrote, on its CPU accelerator over gloo (dp 2, torchrun):
+a campaign over ZeRO stages 0-3 of search_spaces/examples/deepspeed/, whose stored metrics
+must be the numbers DeepSpeed printed and whose ds_config.json must round-trip through
+``parsearch best --format deepspeed``; and a kill -9 that leaves none of its processes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+from real_trainers import example_space, kill_9_leaves_nothing, parsearch
+
+from parsearch import results
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.multiprocess]
+SPACE = "deepspeed/deepspeed-zero-cpu.yaml"
+SEQ = 64
+
+
+def test_zero_stages_0_to_3_store_what_deepspeed_printed(tmp_path):
+    import deepspeed  # noqa: F401  (the dev extra installs it; a missing one must fail)
+
+    space = example_space(SPACE, tmp_path)
+    data = __import__("yaml").safe_load(space.read_text())
+    data["search"].update(zero_stage=[0, 1, 2, 3], mbs=2, gas=2)  # the four stages, once each
+    space.write_text(__import__("yaml").safe_dump(data, sort_keys=False))
+    store = str(tmp_path / "ds.db")
+    parsearch("run", str(space), "--store", store, "--budget", "4", "--quiet",
+              "--backend-opt", f"workdir={tmp_path / 'trials'}")  # fmt: skip
+    frame = results(store)
+    assert sorted(frame["zero_stage"]) == [0, 1, 2, 3]
+    assert list(frame["state"]) == ["ok"] * 4, frame["error"].tolist()
+    for _, trial in frame.iterrows():
+        trial_dir = next((tmp_path / "trials").glob(f"*-{trial['number']:05d}-a1"))
+        log = (trial_dir / "rank0.log").read_text()
+        printed = [float(v) for v in re.findall(r"CurrSamplesPerSec=([0-9.eE+-]+)", log)]
+        assert len(printed) == 4  # global steps 3-6: DeepSpeed leaves out its first two
+        expected = statistics.median(printed[1:]) * SEQ  # warmup_steps: 1
+        assert trial["tokens_per_s"] == pytest.approx(expected, rel=1e-9)
+        peak = max(float(v) for v in re.findall(r"MaxMemAllocated=([0-9.]+)GB", log))
+        assert trial["peak_mem_bytes"] == int(peak * 2**30)
+        written = json.loads((trial_dir / "ds_config.json").read_text())
+        assert written["zero_optimization"]["stage"] == trial["zero_stage"]
+    best = json.loads(parsearch("best", "--store", store, "--format", "json"))
+    exported = json.loads(parsearch("best", "--store", store, "--format", "deepspeed"))
+    best_dir = next((tmp_path / "trials").glob(f"*-{best['trial']:05d}-a1"))
+    written = json.loads((best_dir / "ds_config.json").read_text())
+    assert exported == {key: written[key] for key in exported}
+
+
+def test_kill_9_of_the_driver_leaves_no_deepspeed_process(tmp_path):
+    space = example_space(SPACE, tmp_path, steps=100000, timeout=900)
+    kill_9_leaves_nothing(space, tmp_path, processes=4)  # guard, torchrun, two workers
