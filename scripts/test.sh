@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+scripts/browser.sh
 export OMP_NUM_THREADS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
