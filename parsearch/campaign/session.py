@@ -110,7 +110,7 @@ class SessionSummary:
 
 
 def start_campaign(
-    space_path: str | Path,
+    space_path: str | Path | SearchSpace,
     store_path: str | Path,
     *,
     name: str | None = None,
@@ -122,7 +122,8 @@ def start_campaign(
     observers: Observers | None = None,
 ) -> SessionSummary:
     """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
-    to :data:`DEFAULT_BUDGET`).
+    to :data:`DEFAULT_BUDGET`); a :class:`SearchSpace` built in memory (a scaling study's
+    child campaign) may stand for the file.
 
     A campaign of that name already in the store is refused, unless ``resume_overrides``
     is given: it is then continued as :func:`resume_campaign` would, with those overrides
@@ -131,7 +132,9 @@ def start_campaign(
     """
     if budget is not None:
         _check_budget(budget)
-    space = load_space(space_path)
+    space = space_path if isinstance(space_path, SearchSpace) else load_space(space_path)
+    if isinstance(space_path, SearchSpace):
+        space_path = space.source
     if settings.machine:
         space = apply_profile(space, settings.machine)
     name = name or space.name

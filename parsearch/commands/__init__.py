@@ -10,6 +10,7 @@ COMMANDS: dict[str, str] = {
     "status": "progress of a campaign: trials by state, best so far, ETA",
     "best": "the best layout of a campaign so far",
     "top": "the k best layouts of a campaign so far",
+    "scaling": "run the best layout at several allocation sizes: weak/strong scaling efficiency",
     "export": "write a campaign's trials to CSV or Parquet, or log them to MLflow",
     "report": "write PNG figures and an HTML page (index.html) for a campaign",
     "serve": "a live dashboard and JSON API over a store (read-only)",

@@ -1,0 +1,298 @@
+"""The scaling study: a campaign's best layout run at several allocation sizes.
+
+Each size is a child campaign of one trial in the same store, named after the parent, the
+mode and the size (``gpt-175b-weak-16n``): it runs through the same backends and driver, and
+a study stopped half-way continues where it stopped when the same command runs again (a
+finished size is read back, an interrupted one resumed, nothing is repeated).
+
+Weak scaling keeps the micro-batch and the accumulation, so the global batch grows with
+``dp``; strong scaling keeps the parent's global batch, so accumulation shrinks as ``dp``
+grows. Efficiency is throughput per device relative to the smallest size measured, as the
+reference study reports it (Dash et al. 2023: 100% weak scaling for 175B, 89% and 87% strong
+scaling for 175B and 1T).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from parsearch.campaign.progress import Progress
+from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.campaign.signals import StopRequest
+from parsearch.config import ParallelLayout
+from parsearch.errors import LayoutError, ParsearchError
+from parsearch.result import TrialState
+from parsearch.space import DEFAULT_TRIAL_TIMEOUT_S, SearchSpace, space_from_dict
+from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
+
+MODES = ("weak", "strong")
+STUDY_MARK = "-scaling-"
+
+
+class NoBestLayoutError(ParsearchError):
+    """The parent campaign has no successful trial to scale."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class StudySize:
+    """One allocation size of a study: the layout it runs and its child campaign."""
+
+    nodes: int
+    layout: ParallelLayout
+    campaign: str
+    space: SearchSpace
+
+
+@dataclass(frozen=True)
+class StudyPoint:
+    """What one size measured (``tokens_per_s`` None until its trial succeeds)."""
+
+    nodes: int
+    devices: int
+    layout: ParallelLayout
+    campaign: str
+    state: str
+    tokens_per_s: float | None
+    trial: int | None
+    efficiency: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "devices": self.devices,
+            "layout": self.layout.short(),
+            "dp": self.layout.dp,
+            "global_batch": self.layout.global_batch,
+            "campaign": self.campaign,
+            "state": self.state,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": None
+            if self.tokens_per_s is None
+            else self.tokens_per_s / self.devices,
+            "efficiency": self.efficiency,
+            "trial": self.trial,
+        }
+
+
+@dataclass(frozen=True)
+class ScalingStudy:
+    parent: str
+    mode: str
+    points: list[StudyPoint]
+    complete: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "parent": self.parent,
+            "mode": self.mode,
+            "complete": self.complete,
+            "points": [point.to_dict() for point in self.points],
+        }
+
+
+def parse_nodes(text: str) -> list[int]:
+    """``16,32,64`` -> [16, 32, 64]; anything else is bad input."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LayoutError(
+            f"--nodes must be a comma-separated list of node counts, e.g. 16,32,64; got {text!r}"
+        ) from None
+    if not sizes:
+        raise LayoutError(f"--nodes lists no node count: {text!r}")
+    bad = [n for n in sizes if n < 1]
+    if bad:
+        raise LayoutError(f"--nodes: node counts must be >= 1, got {bad[0]} in {text!r}")
+    return sorted(set(sizes))
+
+
+def child_name(parent: str, mode: str, nodes: int) -> str:
+    return f"{parent}{STUDY_MARK}{mode}-{nodes}n"
+
+
+def plan_study(
+    parent: Campaign, best: ParallelLayout, nodes: Sequence[int], mode: str
+) -> list[StudySize]:
+    """The layout and child space of each size, every size checked before anything runs."""
+    if mode not in MODES:
+        raise LayoutError(f"scaling mode must be one of {list(MODES)}, got {mode!r}")
+    allocation = parent.space["allocation"]
+    most, per_node = int(allocation["nodes"]), int(allocation["devices_per_node"])
+    model_parallel = best.tp * best.pp
+    sizes = []
+    for n in nodes:
+        if n < 1:
+            raise LayoutError(f"--nodes: node counts must be >= 1, got {n}")
+        if n > most:
+            raise LayoutError(
+                f"--nodes: {n} nodes is larger than campaign '{parent.name}''s allocation "
+                f"({most} nodes); valid: 1..{most}"
+            )
+        devices = n * per_node
+        if devices % model_parallel:
+            raise LayoutError(
+                f"--nodes: {n} nodes ({devices} devices) do not divide into the best layout's "
+                f"tp*pp = {model_parallel} ranks per replica"
+            )
+        dp = devices // model_parallel
+        gas = best.gas
+        if mode == "strong":
+            per_step = best.mbs * dp
+            if best.global_batch % per_step:
+                raise LayoutError(
+                    f"--nodes: strong scaling keeps the global batch {best.global_batch}, "
+                    f"which {n} nodes (dp={dp}, mbs={best.mbs}) do not divide"
+                )
+            gas = best.global_batch // per_step
+        layout = replace(best, dp=dp, gas=gas)
+        name = child_name(parent.name, mode, n)
+        space = _child_space(parent, layout, n, name, slower=gas / best.gas)
+        problems = space.violations(layout)
+        if problems:
+            raise LayoutError(f"--nodes: at {n} nodes {layout.short()} breaks: {problems[0]}")
+        sizes.append(StudySize(n, layout, name, space))
+    return sizes
+
+
+def _child_space(
+    parent: Campaign, layout: ParallelLayout, nodes: int, name: str, slower: float
+) -> SearchSpace:
+    """The parent's space at ``nodes`` nodes with one point: ``layout``. A strong-scaling
+    size below the parent's runs ``slower`` times more micro-batches per step: its trial
+    timeout grows as much."""
+    raw = copy.deepcopy(parent.space)
+    if slower > 1:
+        trainer = raw.setdefault("trainer", {})
+        timeout = float(trainer.get("timeout", DEFAULT_TRIAL_TIMEOUT_S))
+        trainer["timeout"] = math.ceil(timeout * slower)
+    raw["name"] = name
+    raw["allocation"]["nodes"] = nodes
+    raw.pop("exclude", None)
+    raw["global_batch"] = layout.global_batch
+    raw["search"] = {
+        "tp": [layout.tp],
+        "pp": [layout.pp],
+        "mbs": [layout.mbs],
+        "zero_stage": [layout.zero_stage],
+        "recompute": [layout.recompute],
+        "vpp": [layout.vpp],
+        "sequence_parallel": [layout.sequence_parallel],
+    }
+    return space_from_dict(raw, source=f"scaling study of campaign '{parent.name}'")
+
+
+def parent_campaign(store: Store, name: str | None) -> Campaign:
+    """The campaign to scale: ``name``, or the newest that is not itself a study size."""
+    if name is not None:
+        return store.get_campaign(name)
+    parents = [c for c in store.list_campaigns() if STUDY_MARK not in c.name]
+    if not parents:
+        return store.get_campaign(None)  # its error names the store
+    return max(parents, key=lambda c: (c.created_at, c.id))
+
+
+def run_study(
+    store_path: str | Path,
+    *,
+    name: str | None,
+    nodes: Sequence[int],
+    mode: str,
+    overrides: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ScalingStudy:
+    """Run (or continue) the study; it stops at the first size a signal interrupts."""
+    with open_store(store_path, readonly=True) as store:
+        parent = parent_campaign(store, name)
+        best = store.best(parent.id)
+        if best is None:
+            raise NoBestLayoutError(
+                f"campaign '{parent.name}' has no successful trial to scale yet"
+            )
+        sizes = plan_study(parent, best.layout, nodes, mode)
+        existing = {c.name: c for c in store.list_campaigns()}
+    settings = replace(
+        CampaignSettings.from_dict(parent.settings),
+        strategy="random",  # one point: nothing to search, no optimizer to load
+        keep_predicted_oom=True,
+        warm_start=None,
+        warm_start_name=None,
+        machine=None,
+    )
+    if overrides:
+        settings = replace(settings, **overrides)
+    complete = True
+    stop = StopRequest()  # a signal between two sizes stops the study before the next
+    with stop.on_signals():
+        for size in sizes:
+            done = existing.get(size.campaign)
+            if done is not None and done.status is CampaignStatus.FINISHED:
+                continue
+            if stop.requested:
+                complete = False
+                break
+            summary = start_campaign(
+                size.space,
+                store_path,
+                name=size.campaign,
+                budget=1,
+                seed=parent.seed,
+                settings=settings,
+                progress=progress,
+                resume_overrides=overrides or {},
+            )
+            if not summary.outcome.complete:
+                complete = False
+                break
+    return ScalingStudy(parent.name, mode, read_study(store_path, parent.name, sizes), complete)
+
+
+def read_study(store_path: str | Path, parent: str, sizes: Sequence[StudySize]) -> list[StudyPoint]:
+    """Each size's measurement from the store, with efficiencies against the smallest
+    size that succeeded."""
+    points = []
+    with open_store(store_path, readonly=True) as store:
+        names = {c.name: c for c in store.list_campaigns()}
+        for size in sizes:
+            record = _measurement(store, names.get(size.campaign))
+            state = "not run" if record is None else record.state.value
+            ok = record is not None and record.state is TrialState.OK
+            points.append(
+                StudyPoint(
+                    nodes=size.nodes,
+                    devices=size.layout.world_size,
+                    layout=size.layout,
+                    campaign=size.campaign,
+                    state=state,
+                    tokens_per_s=record.tokens_per_s if ok and record else None,
+                    trial=None if record is None else record.number,
+                )
+            )
+    return with_efficiency(points)
+
+
+def _measurement(store: Store, campaign: Campaign | None) -> TrialRecord | None:
+    if campaign is None:
+        return None
+    finished = [r for r in store.trials(campaign.id) if r.state.finished]
+    return finished[-1] if finished else None
+
+
+def with_efficiency(points: Sequence[StudyPoint]) -> list[StudyPoint]:
+    """Throughput per device over the smallest measured size's (1.0: perfect scaling)."""
+    measured = [p for p in points if p.tokens_per_s]
+    if not measured:
+        return list(points)
+    reference = min(measured, key=lambda p: p.devices)
+    assert reference.tokens_per_s is not None
+    per_device = reference.tokens_per_s / reference.devices
+    return [
+        replace(p, efficiency=p.tokens_per_s / p.devices / per_device) if p.tokens_per_s else p
+        for p in points
+    ]
