@@ -85,6 +85,15 @@ def test_weak_and_strong_studies_on_simulate(tmp_path, capsys):
     again = _study(capsys, store, "--nodes", "32,64,128", "--strong")
     assert again == strong
     assert all(len(trials) == 1 for trials in _children(store).values())
+    # The parent's report shows both studies, figure and table.
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(store), "--name", "gpt-175b-frontier", "--out",
+                 str(out)]) == 0  # fmt: skip
+    page = (out / "index.html").read_text()
+    assert "Weak scaling study" in page and "Strong scaling study" in page
+    assert (out / "scaling-weak.png").stat().st_size > 0
+    efficiency = f"{strong['points'][-1]['efficiency']:.1%}"
+    assert efficiency in page
 
 
 @pytest.mark.parametrize(

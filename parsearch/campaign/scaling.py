@@ -7,9 +7,9 @@ finished size is read back, an interrupted one resumed, nothing is repeated).
 
 Weak scaling keeps the micro-batch and the accumulation, so the global batch grows with
 ``dp``; strong scaling keeps the parent's global batch, so accumulation shrinks as ``dp``
-grows. Efficiency is throughput per device relative to the smallest size measured, as the
-reference study reports it (Dash et al. 2023: 100% weak scaling for 175B, 89% and 87% strong
-scaling for 175B and 1T).
+grows. Efficiency (:mod:`parsearch.scaling`) is throughput per device relative to the smallest size
+measured, as the reference study reports it (Dash et al. 2023: 100% weak scaling for 175B,
+89% and 87% strong scaling for 175B and 1T).
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.campaign.signals import StopRequest
 from parsearch.config import ParallelLayout
 from parsearch.errors import LayoutError, ParsearchError
-from parsearch.result import TrialState
+from parsearch.scaling import (
+    MODES,
+    STUDY_MARK,
+    ScalingStudy,
+    StudyPoint,
+    child_name,
+    last_finished,
+    study_point,
+    with_efficiency,
+)
 from parsearch.space import DEFAULT_TRIAL_TIMEOUT_S, SearchSpace, space_from_dict
-from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
-
-MODES = ("weak", "strong")
-STUDY_MARK = "-scaling-"
+from parsearch.store import Campaign, CampaignStatus, Store, open_store
 
 
 class NoBestLayoutError(ParsearchError):
@@ -50,53 +56,6 @@ class StudySize:
     space: SearchSpace
 
 
-@dataclass(frozen=True)
-class StudyPoint:
-    """What one size measured (``tokens_per_s`` None until its trial succeeds)."""
-
-    nodes: int
-    devices: int
-    layout: ParallelLayout
-    campaign: str
-    state: str
-    tokens_per_s: float | None
-    trial: int | None
-    efficiency: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "nodes": self.nodes,
-            "devices": self.devices,
-            "layout": self.layout.short(),
-            "dp": self.layout.dp,
-            "global_batch": self.layout.global_batch,
-            "campaign": self.campaign,
-            "state": self.state,
-            "tokens_per_s": self.tokens_per_s,
-            "tokens_per_s_per_device": None
-            if self.tokens_per_s is None
-            else self.tokens_per_s / self.devices,
-            "efficiency": self.efficiency,
-            "trial": self.trial,
-        }
-
-
-@dataclass(frozen=True)
-class ScalingStudy:
-    parent: str
-    mode: str
-    points: list[StudyPoint]
-    complete: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "parent": self.parent,
-            "mode": self.mode,
-            "complete": self.complete,
-            "points": [point.to_dict() for point in self.points],
-        }
-
-
 def parse_nodes(text: str) -> list[int]:
     """``16,32,64`` -> [16, 32, 64]; anything else is bad input."""
     try:
@@ -111,10 +70,6 @@ def parse_nodes(text: str) -> list[int]:
     if bad:
         raise LayoutError(f"--nodes: node counts must be >= 1, got {bad[0]} in {text!r}")
     return sorted(set(sizes))
-
-
-def child_name(parent: str, mode: str, nodes: int) -> str:
-    return f"{parent}{STUDY_MARK}{mode}-{nodes}n"
 
 
 def plan_study(
@@ -254,45 +209,17 @@ def run_study(
 
 
 def read_study(store_path: str | Path, parent: str, sizes: Sequence[StudySize]) -> list[StudyPoint]:
-    """Each size's measurement from the store, with efficiencies against the smallest
-    size that succeeded."""
-    points = []
+    """Each size's measurement from the store (sizes not run yet included), with
+    efficiencies against the smallest size that succeeded."""
     with open_store(store_path, readonly=True) as store:
         names = {c.name: c for c in store.list_campaigns()}
-        for size in sizes:
-            record = _measurement(store, names.get(size.campaign))
-            state = "not run" if record is None else record.state.value
-            ok = record is not None and record.state is TrialState.OK
-            points.append(
-                StudyPoint(
-                    nodes=size.nodes,
-                    devices=size.layout.world_size,
-                    layout=size.layout,
-                    campaign=size.campaign,
-                    state=state,
-                    tokens_per_s=record.tokens_per_s if ok and record else None,
-                    trial=None if record is None else record.number,
-                )
+        points = [
+            study_point(
+                size.nodes,
+                size.layout,
+                size.campaign,
+                last_finished(store, names.get(size.campaign)),
             )
+            for size in sizes
+        ]
     return with_efficiency(points)
-
-
-def _measurement(store: Store, campaign: Campaign | None) -> TrialRecord | None:
-    if campaign is None:
-        return None
-    finished = [r for r in store.trials(campaign.id) if r.state.finished]
-    return finished[-1] if finished else None
-
-
-def with_efficiency(points: Sequence[StudyPoint]) -> list[StudyPoint]:
-    """Throughput per device over the smallest measured size's (1.0: perfect scaling)."""
-    measured = [p for p in points if p.tokens_per_s]
-    if not measured:
-        return list(points)
-    reference = min(measured, key=lambda p: p.devices)
-    assert reference.tokens_per_s is not None
-    per_device = reference.tokens_per_s / reference.devices
-    return [
-        replace(p, efficiency=p.tokens_per_s / p.devices / per_device) if p.tokens_per_s else p
-        for p in points
-    ]

@@ -10,7 +10,7 @@ from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_session_arguments, session_overrides
 
 if TYPE_CHECKING:
-    from parsearch.campaign.scaling import ScalingStudy
+    from parsearch.scaling import ScalingStudy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

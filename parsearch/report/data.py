@@ -8,13 +8,14 @@ table and in a notebook cell is the same number, and each one traces back to a t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from parsearch.config import ParallelLayout
 from parsearch.result import FINISHED_STATES, TrialState
+from parsearch.scaling import ScalingStudy, read_studies
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, open_store
 
@@ -39,6 +40,7 @@ class ReportData:
     campaign: Campaign
     space: SearchSpace
     trials: pd.DataFrame
+    studies: list[ScalingStudy] = field(default_factory=list)  # `parsearch scaling` runs
 
     @property
     def objective(self) -> str:
@@ -81,8 +83,9 @@ def load_report_data(store_path: str | Path, name: str | None = None) -> ReportD
     with open_store(store_path, readonly=True) as store:
         campaign = store.get_campaign(name)
         trials = store.dataframe(campaign.id)
+        studies = read_studies(store, campaign.name)
     space = space_from_dict(campaign.space, source=campaign.space_path or campaign.name)
-    return ReportData(campaign=campaign, space=space, trials=trials)
+    return ReportData(campaign=campaign, space=space, trials=trials, studies=studies)
 
 
 def layout_of(row: pd.Series) -> ParallelLayout:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 
 if TYPE_CHECKING:
-    from parsearch.campaign.scaling import ScalingStudy
+    from parsearch.scaling import ScalingStudy
 
 
 def scaling_figure(study: ScalingStudy) -> Figure:
