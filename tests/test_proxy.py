@@ -1,6 +1,8 @@
 """Proxy trials' full-scale correction against figures computed by hand from the formulas
 (ring all-reduce volume, Megatron's bytes per parameter), not from the estimate's code."""
 
+from dataclasses import replace
+
 import pytest
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
@@ -44,7 +46,8 @@ def ring_allreduce_s(size_bytes: float, group: int, bandwidth: float) -> float:
 
 
 def test_proxy_sizes_are_the_divisors_of_dp_below_it():
-    assert proxy_dps(FULL) == [1, 2, 4]
+    assert proxy_dps(replace(FULL, zero_stage=0)) == [1, 2, 4]
+    assert proxy_dps(FULL) == [2, 4]  # ZeRO needs dp >= 2
     assert proxy_dps(ParallelLayout(tp=1, pp=1, dp=1, mbs=1, gas=1)) == []
 
 
@@ -107,20 +110,19 @@ def test_memory_moves_only_by_the_sharded_states(zero_stage, sharded_bytes):
 
 
 def test_the_smallest_proxy_that_fits_is_chosen():
-    one, two = (
+    two, four = (
         memory_per_rank(MODEL, ParallelLayout(1, 1, dp, 2, 4, zero_stage=1), PLAIN).total
-        for dp in (1, 2)
+        for dp in (2, 4)
     )
-    tight = AllocationSpec(
-        nodes=2,
-        devices_per_node=4,
-        device_memory_bytes=int((one + two) / 2),
-        peak_flops_per_device=1e12,
-    )
-    assert choose_proxy(MODEL, FULL, tight, PLAIN) == ProxyPlan(FULL, dp=2, nodes=1)
-    assert choose_proxy(MODEL, FULL, ALLOCATION, PLAIN) == ProxyPlan(FULL, dp=1, nodes=1)
+    assert two > four  # the smaller proxy holds more optimizer state per rank
+    tight = replace(ALLOCATION, device_memory_bytes=int((two + four) / 2))
+    assert choose_proxy(MODEL, FULL, tight, PLAIN) == ProxyPlan(FULL, dp=4, nodes=1)
+    assert choose_proxy(MODEL, FULL, ALLOCATION, PLAIN) == ProxyPlan(FULL, dp=2, nodes=1)
+    plain = replace(FULL, zero_stage=0)
+    assert choose_proxy(MODEL, plain, ALLOCATION, PLAIN) == ProxyPlan(plain, dp=1, nodes=1)
     assert choose_proxy(MODEL, FULL, ALLOCATION, PLAIN, min_dp=3) == ProxyPlan(FULL, 4, 1)
     assert choose_proxy(MODEL, FULL, ALLOCATION, PLAIN, min_dp=5) is None  # no divisor left
+    assert choose_proxy(MODEL, FULL, replace(ALLOCATION, device_memory_bytes=1), PLAIN) is None
     # No proxy saves a node when the full layout fits in one: measure at full scale.
     small = ParallelLayout(tp=1, pp=1, dp=4, mbs=2, gas=4, zero_stage=1)
     assert choose_proxy(MODEL, small, ALLOCATION, PLAIN) is None

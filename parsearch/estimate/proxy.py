@@ -43,8 +43,10 @@ def nodes_for(layout: ParallelLayout, devices_per_node: int) -> int:
 
 def proxy_dps(layout: ParallelLayout) -> list[int]:
     """Candidate proxy sizes: the divisors of ``dp`` below it, smallest first (a divisor keeps
-    the full-scale batch an exact multiple of the proxy's)."""
-    return [d for d in range(1, layout.dp) if layout.dp % d == 0]
+    the full-scale batch an exact multiple of the proxy's); at least 2 under ZeRO, which
+    shards over data-parallel ranks and needs some to shard over."""
+    smallest = 2 if layout.zero_stage else 1
+    return [d for d in range(smallest, layout.dp) if layout.dp % d == 0]
 
 
 def _sized(allocation: AllocationSpec, layout: ParallelLayout) -> AllocationSpec:
