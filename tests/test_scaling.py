@@ -177,3 +177,43 @@ def test_weak_study_on_local_ranks(tmp_path, capsys):
     assert [p["devices"] for p in study["points"]] == [1, 2, 4]
     assert study["points"][:2] == points  # the first two are read back, not rerun
     assert all(len(trials) == 1 for trials in _children(store).values())
+
+
+MPI_SPACE = """
+name: mpi-scaling
+model: {num_layers: 2, hidden_size: 64, num_heads: 4, vocab_size: 128, seq_length: 32}
+allocation: {nodes: 2, devices_per_node: 1, device: cpu, device_memory: 1GiB,
+             peak_tflops: 0.05}
+search: {tp: [1], pp: [1], mbs: [2]}
+global_batch: 8
+trainer: {kind: builtin, steps: 2, warmup_steps: 1, timeout: 120}
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_study_runs_every_size_on_one_mpi_job(tmp_path):
+    """``mpiexec -n 3``: the driver and two worker nodes; both sizes in the one job (its
+    workers serve one backend, so the study shares it between its child campaigns)."""
+    pytest.importorskip("mpi4py")
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "mpiexec").exists():
+        pytest.skip("no mpiexec next to the interpreter")
+    (tmp_path / "space.yaml").write_text(MPI_SPACE)
+    store = tmp_path / "x.db"
+    _parent(store, tmp_path / "space.yaml", "--budget", "1")
+    hosts = ["-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0,n1,n2", "-ppn", "1"]
+    command = [str(bin_dir / "mpiexec"), *hosts, "-n", "3", str(bin_dir / "parsearch"),
+               "scaling", "--store", str(store), "--nodes", "1,2", "--backend", "mpi",
+               "--format", "json", "--quiet"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = json.loads(done.stdout)
+    assert [(p["devices"], p["state"]) for p in study["points"]] == [(1, "ok"), (2, "ok")]
+    with open_store(store, readonly=True) as db:
+        for child in ("mpi-scaling-scaling-weak-1n", "mpi-scaling-scaling-weak-2n"):
+            (trial,) = db.trials(db.get_campaign(child).id)
+            assert db.get_campaign(child).backend == "mpi" and trial.hosts

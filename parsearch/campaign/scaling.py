@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from parsearch.backends import create_backend
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.campaign.signals import StopRequest
@@ -162,7 +163,8 @@ def run_study(
     overrides: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> ScalingStudy:
-    """Run (or continue) the study; it stops at the first size a signal interrupts."""
+    """Run (or continue) the study; it stops at the first size a signal interrupts. Sizes
+    already finished are read back, not run."""
     with open_store(store_path, readonly=True) as store:
         parent = parent_campaign(store, name)
         best = store.best(parent.id)
@@ -180,32 +182,58 @@ def run_study(
         warm_start_name=None,
         machine=None,
     )
-    if overrides:
-        settings = replace(settings, **overrides)
+    overrides = dict(overrides or {})
+    if overrides.get("backend", settings.backend) != settings.backend:
+        overrides.setdefault("backend_options", {})  # the parent backend's do not apply
+    settings = replace(settings, **overrides)
+    to_run = [
+        size
+        for size in sizes
+        if size.campaign not in existing
+        or existing[size.campaign].status is not CampaignStatus.FINISHED
+    ]
     complete = True
-    stop = StopRequest()  # a signal between two sizes stops the study before the next
-    with stop.on_signals():
-        for size in sizes:
-            done = existing.get(size.campaign)
-            if done is not None and done.status is CampaignStatus.FINISHED:
-                continue
-            if stop.requested:
-                complete = False
-                break
-            summary = start_campaign(
-                size.space,
-                store_path,
-                name=size.campaign,
-                budget=1,
-                seed=parent.seed,
-                settings=settings,
-                progress=progress,
-                resume_overrides=overrides or {},
-            )
-            if not summary.outcome.complete:
-                complete = False
-                break
+    if to_run:
+        complete = _run_sizes(store_path, parent, to_run, settings, overrides, progress)
     return ScalingStudy(parent.name, mode, read_study(store_path, parent.name, sizes), complete)
+
+
+def _run_sizes(
+    store_path: str | Path,
+    parent: Campaign,
+    sizes: Sequence[StudySize],
+    settings: CampaignSettings,
+    overrides: dict[str, Any],
+    progress: Progress | None,
+) -> bool:
+    """Run each size's child campaign, all on one backend (an MPI job's workers serve one
+    backend); whether every size finished."""
+    stop = StopRequest()  # a signal between two sizes stops the study before the next
+    space = space_from_dict(parent.space, source=f"campaign '{parent.name}'")
+    with stop.on_signals():
+        backend = create_backend(
+            settings.backend, space, slots=settings.slots, options=settings.backend_options
+        )
+        try:
+            for size in sizes:
+                if stop.requested:
+                    return False
+                summary = start_campaign(
+                    size.space,
+                    store_path,
+                    name=size.campaign,
+                    budget=1,
+                    seed=parent.seed,
+                    settings=settings,
+                    progress=progress,
+                    resume_overrides=overrides,
+                    backend=backend,
+                )
+                if not summary.outcome.complete:
+                    return False
+        finally:
+            backend.close()
+    return True
 
 
 def read_study(store_path: str | Path, parent: str, sizes: Sequence[StudySize]) -> list[StudyPoint]:
