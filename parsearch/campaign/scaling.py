@@ -1,15 +1,16 @@
 """The scaling study: a campaign's best layout run at several allocation sizes.
 
 Each size is a child campaign of one trial in the same store, named after the parent, the
-mode and the size (``gpt-175b-weak-16n``): it runs through the same backends and driver, and
-a study stopped half-way continues where it stopped when the same command runs again (a
-finished size is read back, an interrupted one resumed, nothing is repeated).
+mode and the size (``gpt-175b-frontier-scaling-weak-16n``): it runs through the same driver,
+on one backend for the whole study, and a study stopped half-way continues where it stopped
+when the same command runs again (a finished size is read back, an interrupted one resumed,
+nothing is repeated).
 
 Weak scaling keeps the micro-batch and the accumulation, so the global batch grows with
 ``dp``; strong scaling keeps the parent's global batch, so accumulation shrinks as ``dp``
-grows. Efficiency (:mod:`parsearch.scaling`) is throughput per device relative to the smallest size
-measured, as the reference study reports it (Dash et al. 2023: 100% weak scaling for 175B,
-89% and 87% strong scaling for 175B and 1T).
+grows. Efficiency (:mod:`parsearch.scaling`) is throughput per device relative to the
+smallest size measured, as the reference study reports it (Dash et al. 2023: 100% weak
+scaling for 175B, 89% and 87% strong scaling for 175B and 1T).
 """
 
 from __future__ import annotations
