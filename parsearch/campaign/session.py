@@ -120,7 +120,7 @@ class SessionSummary:
 
 
 def start_campaign(
-    space_path: str | Path,
+    space_path: str | Path | SearchSpace,
     store_path: str | Path,
     *,
     name: str | None = None,
@@ -130,16 +130,22 @@ def start_campaign(
     progress: Progress | None = None,
     resume_overrides: dict[str, Any] | None = None,
     observers: Observers | None = None,
+    backend: Backend | None = None,
 ) -> SessionSummary:
     """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
-    to :data:`DEFAULT_BUDGET`).
+    to :data:`DEFAULT_BUDGET`); a :class:`SearchSpace` built in memory (a scaling study's
+    child campaign) may stand for the file.
 
     A campaign of that name already in the store is refused, unless ``resume_overrides``
     is given: it is then continued as :func:`resume_campaign` would, with those overrides
     and ``budget`` (if given) as its new total. One command then serves every job of a
     chain, and opening the store to write first recovers it after a killed driver.
+    ``backend``, when given, is used instead of one made from the settings, and left open
+    (a scaling study runs all its sizes on one MPI job's workers).
     """
-    space = load_space(space_path)
+    space = space_path if isinstance(space_path, SearchSpace) else load_space(space_path)
+    if isinstance(space_path, SearchSpace):
+        space_path = space.source
     if settings.machine:
         space = apply_profile(space, settings.machine)
     return create_and_run(
@@ -153,6 +159,7 @@ def start_campaign(
         progress=progress,
         resume_overrides=resume_overrides,
         observers=observers,
+        backend=backend,
     )
 
 
@@ -169,10 +176,12 @@ def create_and_run(
     resume_overrides: dict[str, Any] | None = None,
     observers: Observers | None = None,
     parts: _Parts | None = None,
+    backend: Backend | None = None,
 ) -> SessionSummary:
     """:func:`start_campaign` for a loaded space; ``parts`` (a strategy and backend built by
     the caller, :func:`parsearch.campaign.api.run_campaign`) instead of the settings' names.
-    The campaign owns ``parts`` from the call on: they are closed whatever happens."""
+    The campaign owns ``parts`` from the call on: they are closed whatever happens; a
+    ``backend`` given alone is borrowed and left open (see :func:`start_campaign`)."""
     try:
         if budget is not None:
             _check_budget(budget)
@@ -201,13 +210,15 @@ def create_and_run(
                     "started with; it continues with the stored one",
                     file=sys.stderr,
                 )
-            return _continue(store, campaign, budget, resume_overrides, progress, stop, observers)
+            return _continue(
+                store, campaign, budget, resume_overrides, progress, stop, observers, backend
+            )
         if warning := space.plan().timeout_warning():
             print(f"warning: {warning}", file=sys.stderr)
         # Everything that can refuse the settings does so before the campaign exists, so a
         # typo never leaves behind a campaign that only `resume` could reach.
         if parts is None:
-            parts = _Parts.build(space, settings, seed)
+            parts = _Parts.build(space, settings, seed, backend)
         try:
             campaign = store.create_campaign(
                 name,
@@ -268,6 +279,7 @@ def _continue(
     progress: Progress | None,
     stop: StopRequest,
     observers: Observers | None = None,
+    backend: Backend | None = None,
 ) -> SessionSummary:
     overrides = dict(overrides)
     if overrides.get("backend", campaign.backend) != campaign.backend:
@@ -282,7 +294,15 @@ def _continue(
         profile = profile_from_dict(campaign.settings["machine_profile"], source=settings.machine)
         space = space_with_profile(space, profile)
     return _session(
-        store, campaign, space, settings, progress, stop, budget=budget, observers=observers
+        store,
+        campaign,
+        space,
+        settings,
+        progress,
+        stop,
+        budget=budget,
+        observers=observers,
+        backend=backend,
     )
 
 
@@ -301,9 +321,16 @@ class _Parts:
     strategy: Strategy
     backend: Backend
     closed: bool = False
+    owns_backend: bool = True
 
     @classmethod
-    def build(cls, space: SearchSpace, settings: CampaignSettings, seed: int) -> _Parts:
+    def build(
+        cls,
+        space: SearchSpace,
+        settings: CampaignSettings,
+        seed: int,
+        backend: Backend | None = None,
+    ) -> _Parts:
         strategy = make_strategy(
             settings.strategy,
             space,
@@ -313,6 +340,8 @@ class _Parts:
             if settings.warm_start is None
             else load_warm_start(settings.warm_start, settings.warm_start_name),
         )
+        if backend is not None:
+            return cls(strategy, backend, owns_backend=False)
         try:
             backend = create_backend(
                 settings.backend, space, slots=settings.slots, options=settings.backend_options
@@ -327,7 +356,8 @@ class _Parts:
             return
         self.closed = True
         try:
-            self.backend.close()
+            if self.owns_backend:
+                self.backend.close()
         finally:
             self.strategy.close()
 
@@ -343,6 +373,7 @@ def _session(
     budget: int | None = None,
     parts: _Parts | None = None,
     observers: Observers | None = None,
+    backend: Backend | None = None,
 ) -> SessionSummary:
     """Run the campaign under its lease; ``parts`` are built after the lease if not given.
 
@@ -371,7 +402,7 @@ def _session(
             finished_at=None,
         )
         assert campaign.budget is not None  # start_campaign always sets one
-        parts = parts or _Parts.build(space, settings, campaign.seed)
+        parts = parts or _Parts.build(space, settings, campaign.seed, backend)
         # Closed before the lease is released: no trial outlives its driver's lease.
         stack.callback(parts.close)
         strategy, backend = parts.strategy, parts.backend

@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "top": "the k best layouts of a campaign so far",
     "show": "one trial whole: layout, state and why, metrics, prediction, command, log tail",
     "trial": "dry run: one layout on this machine; prints the command, metrics, state, log",
+    "scaling": "run the best layout at several allocation sizes: weak/strong scaling efficiency",
     "export": "write a campaign's trials to CSV or Parquet, or log them to MLflow",
     "report": "write PNG figures and an HTML page (index.html) for a campaign",
     "serve": "a live dashboard and JSON API over a store (read-only)",

@@ -8,7 +8,7 @@ table and in a notebook cell is the same number, and each one traces back to a t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +16,7 @@ import pandas as pd
 from parsearch.config import ParallelLayout
 from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import FINISHED_STATES, TrialState
+from parsearch.scaling import ScalingStudy, read_studies
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, open_store
 
@@ -42,6 +43,7 @@ class ReportData:
     space: SearchSpace
     trials: pd.DataFrame
     failures: tuple[FailureGroup, ...] = ()
+    studies: list[ScalingStudy] = field(default_factory=list)  # `parsearch scaling` runs
 
     @property
     def objective(self) -> str:
@@ -85,8 +87,11 @@ def load_report_data(store_path: str | Path, name: str | None = None) -> ReportD
         campaign = store.get_campaign(name)
         trials = store.dataframe(campaign.id)
         failures = tuple(group_failures(store.trials(campaign.id, FAILURE_STATES)))
+        studies = read_studies(store, campaign.name)
     space = space_from_dict(campaign.space, source=campaign.space_path or campaign.name)
-    return ReportData(campaign=campaign, space=space, trials=trials, failures=failures)
+    return ReportData(
+        campaign=campaign, space=space, trials=trials, failures=failures, studies=studies
+    )
 
 
 def layout_of(row: pd.Series) -> ParallelLayout:

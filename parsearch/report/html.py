@@ -22,6 +22,7 @@ from parsearch.failures import describe_trials
 from parsearch.report.data import ReportData, layout_of, pareto_front, top_table
 from parsearch.report.figures import FIGURES, format_metric
 from parsearch.report.machine import describe_machine
+from parsearch.report.scaling import scaling_figure
 from parsearch.trainer_flags import EXPORTERS, export
 from parsearch.units import count_of, format_bytes
 
@@ -61,6 +62,7 @@ def write_report(data: ReportData, out_dir: str | Path, *, top_k: int = 10) -> P
     """Write ``<out_dir>/<figure>.png`` and ``<out_dir>/index.html``; return the page's path."""
     out = Path(out_dir)
     images = {name: _png(draw(data)) for name, draw in FIGURES.items()}
+    images.update({f"scaling-{s.mode}": _png(scaling_figure(s)) for s in data.studies})
     page = out / "index.html"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -94,6 +96,7 @@ def render_html(data: ReportData, images: dict[str, bytes], *, top_k: int = 10) 
             f'<figcaption>{_e(CAPTIONS[name])} (<a href="{name}.png">{name}.png</a>)'
             "</figcaption></figure>"
         )
+    parts += _studies(data, images)
     parts += [
         f"<h2>Top {top_k} trials by {_e(data.objective_label)}</h2>",
         _table(_formatted(top_table(data, top_k), data)),
@@ -106,6 +109,36 @@ def render_html(data: ReportData, images: dict[str, bytes], *, top_k: int = 10) 
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _studies(data: ReportData, images: dict[str, bytes]) -> list[str]:
+    """Each scaling study of the campaign: its figure and its table."""
+    parts = []
+    for study in data.studies:
+        name = f"scaling-{study.mode}"
+        encoded = base64.b64encode(images[name]).decode("ascii")
+        rows = pd.DataFrame(
+            {
+                "nodes": p.nodes,
+                "devices": p.devices,
+                "layout": p.layout.short(),
+                "global batch": p.layout.global_batch,
+                "tokens/s": "–" if p.tokens_per_s is None else f"{p.tokens_per_s:.4g}",
+                "efficiency": "–" if p.efficiency is None else f"{p.efficiency:.1%}",
+                "state": p.state,
+            }
+            for p in study.points
+        )
+        parts += [
+            f"<h2>{_e(study.mode.capitalize())} scaling study</h2>",
+            f'<figure id="{name}"><img alt="{name}" src="data:image/png;base64,{encoded}">'
+            "<figcaption>Throughput per device relative to the smallest size measured "
+            f"(bars; 100%: perfect {_e(study.mode)} scaling) and tokens/s per device (line), "
+            f'from <code>parsearch scaling</code> (<a href="{name}.png">{name}.png</a>)'
+            "</figcaption></figure>",
+            _table(rows),
+        ]
+    return parts
 
 
 def _summary(data: ReportData) -> str:
