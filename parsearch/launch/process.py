@@ -207,7 +207,7 @@ class NodeRun:
     def start(self) -> NodeRun:
         """Write the plan's files and start this node's ranks."""
         world = self.spec.layout.world_size
-        if self.nnodes * self.spec.ranks_per_node < world or not self.placement.global_ranks():
+        if self.nnodes * self.spec.ranks_per_node < world or not self.global_ranks():
             raise ValueError(
                 f"node {self.node_rank} of {self.nnodes} has no ranks of a {world}-rank trial "
                 f"at {self.spec.ranks_per_node} ranks per node"

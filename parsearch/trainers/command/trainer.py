@@ -41,7 +41,7 @@ from parsearch.launch.oom import first_oom_line
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
 from parsearch.launch.process import NodeRun, read_tail
-from parsearch.rank_program import uses_gpu
+from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
 from parsearch.trainers.command.parsers.regex import compile_patterns, resolve_scale, scale_factors
@@ -296,9 +296,9 @@ class CommandNode:
 
     def plan(self) -> NodePlan:
         """The filled command, the space's ``trainer.env`` (the backend's own environment
-        wins over it) and generated files plus the host file; per node, ``NNODES`` and
-        ``NPROC_PER_NODE`` instead of the rank variables (``single``: no launcher
-        variables); devices bound to ranks only with ``bind_devices``."""
+        wins over it) and generated files plus the host file and ``spec.json``; per node,
+        ``NNODES`` and ``NPROC_PER_NODE`` instead of the rank variables (``single``: no
+        launcher variables); devices bound to ranks only with ``bind_devices``."""
         env = {key: text.render(self.values) for key, text in self.settings.env.items()}
         drop: tuple[str, ...] = ()
         if self.launch == "single":
@@ -312,6 +312,7 @@ class CommandNode:
             for name, template in self.settings.files.items()
         }
         files.setdefault(HOSTFILE, "".join(f"{host}\n" for host in self.placement.hosts))
+        files.setdefault(SPEC_FILE, self.spec.to_json())  # the trial, for whoever reads it
         cwd = None
         if self.settings.cwd is not None:
             where = Path(self.settings.cwd.render(self.values)).expanduser()
