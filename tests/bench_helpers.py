@@ -20,11 +20,15 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.launch.process import run_local
+from parsearch.rank_program import rank_program_plan
 from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
@@ -80,9 +84,17 @@ def run_many(specs: list[TrialSpec], trial_dir: Path) -> list[TrialResult]:
     specs_path.write_text(json.dumps([s.to_dict() for s in specs]))
     command = [sys.executable, str(HELPER), "many", str(specs_path), str(out)]
     launch = max(specs, key=lambda s: s.timeout_s)
-    result = run_local(launch, trial_dir, command=command)
+    result = run_local(launch, lambda placement: command_plan(placement, command), trial_dir)
     assert result.ok, f"{result.status}: {result.error}\n{result.log_tail}"
     return [TrialResult.from_dict(item) for item in json.loads(out.read_text())]
+
+
+def command_plan(placement: NodePlacement, command: list[str]) -> NodePlan:
+    """``command`` for every rank, planned as the built-in trainer's ranks are (spec.json
+    written, one device a rank on GPUs, never forked), with rank 0's result.json read when
+    it wrote one."""
+    planned = rank_program_plan(placement, "parsearch.trainers.builtin", required=False)
+    return replace(planned, argv=list(command))
 
 
 def fault_command(mode: str, rank: int, trial_dir: Path) -> list[str]:

@@ -11,11 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_helpers import child_pids_alive
+from bench_helpers import child_pids_alive, command_plan
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import TAIL_BYTES, NodeRun, free_port, run_local, run_node
 from parsearch.result import TrialState
+from parsearch.trainers import node_run
 from parsearch.trial import TrialSpec
 
 
@@ -41,7 +43,8 @@ def py(code: str) -> list[str]:
 
 
 def start(spec: TrialSpec, tmp_path: Path, code: str, node_rank: int = 0, **kw) -> NodeRun:
-    return NodeRun(spec, node_rank, spec.nodes, "127.0.0.1", 1, tmp_path, py(code), **kw).start()
+    where = NodePlacement(spec, node_rank, spec.nodes, "127.0.0.1", 1, tmp_path, **kw)
+    return NodeRun(where, command_plan(where, py(code))).start()
 
 
 def test_ranks_get_their_environment_and_one_thread(tmp_path, monkeypatch):
@@ -53,7 +56,8 @@ def test_ranks_get_their_environment_and_one_thread(tmp_path, monkeypatch):
         "json.dumps({k: os.environ.get(k) for k in keys}))"
     )
     spec = make_spec(world=4, per_node=2)
-    run = NodeRun(spec, 1, 2, "10.0.0.1", 4242, tmp_path, py(code)).start()
+    where = NodePlacement(spec, 1, 2, "10.0.0.1", 4242, tmp_path)
+    run = NodeRun(where, command_plan(where, py(code))).start()
     result = run.wait()
     assert result.ok, result.error
     assert result.metrics == {}  # a custom command that writes no result.json
@@ -97,7 +101,7 @@ def test_rank_zero_result_file_becomes_the_result(tmp_path):
 def test_default_command_without_result_is_an_error(tmp_path):
     """The built-in trainer always writes result.json; its absence is a failure."""
     spec = make_spec(world=1)
-    run = NodeRun(spec, 0, 1, "127.0.0.1", 1, tmp_path)
+    run = node_run(NodePlacement(spec, 0, 1, "127.0.0.1", 1, tmp_path))
     run.command = py("print('no result written')")
     result = run.start().wait()
     assert result.status is TrialState.ERROR
@@ -199,7 +203,8 @@ def test_kill_cancels_a_running_node(tmp_path):
 
 
 def test_run_node_blocks_until_done(tmp_path):
-    result = run_node(make_spec(), 0, 1, "127.0.0.1", 1, tmp_path, py("print('hi')"))
+    where = NodePlacement(make_spec(), 0, 1, "127.0.0.1", 1, tmp_path)
+    result = run_node(where, command_plan(where, py("print('hi')")))
     assert result.ok and "hi" in result.log_tail
 
 
@@ -212,7 +217,7 @@ def test_run_local_fails_fast_when_one_node_fails(tmp_path):
     )
     spec = make_spec(world=4, per_node=2, timeout_s=120)
     began = time.monotonic()
-    result = run_local(spec, tmp_path, py(code))
+    result = run_local(spec, lambda where: command_plan(where, py(code)), tmp_path)
     assert time.monotonic() - began < 20
     assert result.status is TrialState.ERROR
     assert "node 1 broke" in result.log_tail
@@ -229,7 +234,7 @@ def test_run_local_retries_a_rendezvous_port_taken_meanwhile(tmp_path):
         "    sys.exit('DistNetworkError: ... code: -98, name: EADDRINUSE')\n"
         "print('port', os.environ['MASTER_PORT'])"
     )
-    result = run_local(make_spec(world=1), tmp_path, py(code))
+    result = run_local(make_spec(world=1), lambda where: command_plan(where, py(code)), tmp_path)
     assert result.ok, result.error
     assert "port" in result.log_tail
 

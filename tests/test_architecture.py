@@ -100,10 +100,6 @@ def test_trainers_do_not_import_backends_the_loop_or_the_store() -> None:
     assert violations("parsearch.trainers", forbidden) == []
 
 
-# Still to invert: the fork server runs the built-in trainer's rank entry point itself.
-LAUNCH_EXCEPTIONS = {"parsearch.launch.prefork imports parsearch.trainers.builtin.__main__"}
-
-
 def test_launch_knows_no_trainer_backend_loop_or_store() -> None:
     forbidden = (
         "parsearch.trainers",
@@ -112,9 +108,7 @@ def test_launch_knows_no_trainer_backend_loop_or_store() -> None:
         "parsearch.search",
         "parsearch.store",
     )
-    found = violations("parsearch.launch", forbidden)
-    assert set(found) - LAUNCH_EXCEPTIONS == set()
-    assert set(found) >= LAUNCH_EXCEPTIONS, "an exception no longer needed: remove it"
+    assert violations("parsearch.launch", forbidden) == []
 
 
 def test_search_does_not_import_the_loop_backends_or_store() -> None:

@@ -9,11 +9,13 @@ import sys
 import time
 
 import pytest
-from bench_helpers import child_pids_alive, fault_command, one_thread, tiny_spec
+from bench_helpers import child_pids_alive, command_plan, fault_command, one_thread, tiny_spec
 
 from parsearch.estimate import EstimateSettings, memory_by_stage
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
+from parsearch.trainers import node_run
 from parsearch.trainers.builtin import run_trial
 from parsearch.trainers.builtin.plain import plain_training
 
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.multiprocess
 
 
 def node(spec, trial_dir, command=None) -> NodeRun:
-    return NodeRun(spec, 0, 1, "127.0.0.1", free_port(), trial_dir, command, grace_s=2.0)
+    where = NodePlacement(spec, 0, 1, "127.0.0.1", free_port(), trial_dir, grace_s=2.0)
+    return NodeRun(where, command_plan(where, command)) if command else node_run(where)
 
 
 def test_command_line_runs_one_rank_without_a_launcher(tmp_path):
@@ -136,11 +139,14 @@ def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
     worker = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from parsearch.launch.process import NodeRun, free_port\n"
+        "from parsearch.launch.placement import NodePlacement\n"
+        "from parsearch.launch.process import free_port\n"
+        "from parsearch.trainers import node_run\n"
         "from parsearch.trial import TrialSpec\n"
         "d = Path(sys.argv[1])\n"
         "spec = TrialSpec.from_json((d / 'trial.json').read_text())\n"
-        "run = NodeRun(spec, 0, 1, '127.0.0.1', free_port(), d / 'trial').start()\n"
+        "where = NodePlacement(spec, 0, 1, '127.0.0.1', free_port(), d / 'trial')\n"
+        "run = node_run(where).start()\n"
         "print(*run.pids, flush=True)\n"
         "time.sleep(600)\n"
     )

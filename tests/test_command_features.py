@@ -17,6 +17,7 @@ import yaml
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import free_port
 from parsearch.result import TrialState
 from parsearch.space import space_from_dict
@@ -63,7 +64,7 @@ def spec(section: dict, dp: int = 1, mbs: int = 2, cap: int | None = None) -> Tr
 
 def run(trial: TrialSpec, tmp_path: Path):
     trial_dir = tmp_path / "trial"
-    result = run_node(trial, 0, 1, "127.0.0.1", free_port("127.0.0.1"), trial_dir)
+    result = run_node(NodePlacement(trial, 0, 1, "127.0.0.1", free_port("127.0.0.1"), trial_dir))
     return result, (trial_dir / "rank0.log").read_text()
 
 

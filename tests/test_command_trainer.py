@@ -16,12 +16,13 @@ import pytest
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
 from parsearch.trainers import merge_results, node_run
 from parsearch.trainers.command.trainer import (
-    CommandNodeRun,
+    CommandNode,
     CommandSettings,
     merge_node_results,
     run_node,
@@ -70,7 +71,9 @@ def make_spec(trainer, tp=1, pp=1, dp=1, mbs=2, gas=2, per_node=None, timeout=30
 
 
 def run(spec, tmp_path):
-    return run_node(spec, 0, spec.nodes, "127.0.0.1", free_port("127.0.0.1"), tmp_path)
+    return run_node(
+        NodePlacement(spec, 0, spec.nodes, "127.0.0.1", free_port("127.0.0.1"), tmp_path)
+    )
 
 
 def expected_tokens_per_s(spec, step_ms=100.0, steps=6, warmup=2):
@@ -395,7 +398,8 @@ def test_environment_of_each_mode(monkeypatch):
         trainer = section("json", env={"TP_TIMES": "tp={tp}"}, **keys)
         spec = make_spec(trainer, dp=4, mbs=1, gas=1)
         spec.allocation = gpu
-        node = node_run(spec, 0, 1, "127.0.0.1", 1234, Path("/tmp/unused"), env=backend_env)
+        where = NodePlacement(spec, 0, 1, "127.0.0.1", 1234, Path("/tmp/unused"), backend_env or {})
+        node = node_run(where)
         return node.rank_env(2, 2, 4)
 
     per_rank = env()
@@ -414,9 +418,10 @@ def test_two_nodes_metrics_from_the_last(tmp_path):
     assert spec.nodes == 2
     port = free_port("127.0.0.1")
     nodes = [
-        node_run(spec, node, 2, "127.0.0.1", port, tmp_path / f"node{node}") for node in range(2)
+        node_run(NodePlacement(spec, node, 2, "127.0.0.1", port, tmp_path / f"node{node}"))
+        for node in range(2)
     ]
-    assert all(isinstance(node, CommandNodeRun) for node in nodes)
+    assert all(isinstance(node.plan.conclusion, CommandNode) for node in nodes)
     for node in nodes:
         node.start()
     results = [node.wait() for node in nodes]
@@ -429,7 +434,7 @@ def test_two_nodes_metrics_from_the_last(tmp_path):
 
 def test_builtin_trainer_keeps_the_agent_run():
     spec = make_spec({"kind": "builtin"})
-    node = node_run(spec, 0, 1, "127.0.0.1", 1, Path("/tmp/unused"))
+    node = node_run(NodePlacement(spec, 0, 1, "127.0.0.1", 1, Path("/tmp/unused")))
     assert type(node) is NodeRun
     first = TrialResult(status=TrialState.OK, metrics={"tokens_per_s": 1.0})
     assert merge_results(spec, [first, TrialResult(status=TrialState.OK)]) is first

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.guard import guarded
-from parsearch.launch.process import NodeRun, free_port, uses_gpu, visible_devices_var
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.process import NodeRun, free_port, visible_devices_var
 from parsearch.result import TrialResult, TrialState
 from parsearch.tempdirs import owned_tempdir
-from parsearch.trainers import merge_results, node_run
+from parsearch.trainers import merge_results, node_run, uses_gpu
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
@@ -87,8 +88,10 @@ class LocalBackend:
         runs = [
             guarded(
                 node_run(
-                    spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env=env,
-                    grace_s=self._grace_s, hosts=hosts,
+                    NodePlacement(
+                        spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env=env,
+                        grace_s=self._grace_s, hosts=tuple(hosts),
+                    )
                 )
             )
             for node in range(spec.nodes)

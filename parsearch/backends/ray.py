@@ -40,9 +40,8 @@ from typing import TYPE_CHECKING, Any
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
-from parsearch.launch.process import uses_gpu
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import merge_results, node_run
+from parsearch.trainers import merge_results, node_run, uses_gpu
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:

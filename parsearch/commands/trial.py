@@ -25,6 +25,7 @@ from parsearch.config import ParallelLayout
 from parsearch.errors import LayoutError
 from parsearch.failures import failure_reason
 from parsearch.launch.guard import guarded
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import free_port
 from parsearch.result import TrialResult
 from parsearch.search.candidates import layout_problems, raw_layout
@@ -129,7 +130,8 @@ def run_trial(spec: TrialSpec, trial_dir: Path) -> tuple[TrialResult, list[list[
     result and each node's command (without the guard's prefix)."""
     port = free_port("127.0.0.1")
     runs = [
-        node_run(spec, node, spec.nodes, "127.0.0.1", port, trial_dir) for node in range(spec.nodes)
+        node_run(NodePlacement(spec, node, spec.nodes, "127.0.0.1", port, trial_dir))
+        for node in range(spec.nodes)
     ]
     commands = [list(run.command) for run in runs]
     runs = [guarded(run) for run in runs]

@@ -22,7 +22,7 @@ command as a small supervisor:
   command's own exit.
 
 Linux only; elsewhere the command runs unguarded (``exec``). Ranks the agent forks from its
-warm fork server (the built-in trainer, see :mod:`parsearch.launch.prefork`) need no guard:
+warm fork server (a plan's warm start, see :mod:`parsearch.launch.prefork`) need no guard:
 they die with the server, which exits with this process; guarding them would only cost them
 the warm start.
 
@@ -52,9 +52,9 @@ def guarded(run: NodeRun) -> NodeRun:
     """``run``, with ranks that die with this process (a driver or a worker, which must
     outlive its ranks' start-up: never a short-lived thread); call before ``run.start()``.
 
-    Only the command's prefix changes, so the agent's handling of a custom command (the
-    command trainer) is unaffected."""
-    if not run.forks_builtin_trainer():
+    Only the command's prefix changes, so the plan's handling of its command is
+    unaffected."""
+    if not run.forks_warm():
         guard = [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())]
         run.command = guard + run.command
     return run

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.launch.guard import guarded
+from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.tempdirs import owned_tempdir
 from parsearch.trial import TrialSpec
 
-# Plans one node's run of a trial for its trainer kind: parsearch.trainers.node_run's shape.
-NodeRunFactory = Callable[..., NodeRun]
+# Plans one node's run of a trial for its trainer kind: parsearch.trainers.node_run.
+NodeRunFactory = Callable[[NodePlacement], NodeRun]
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,16 @@ class NodeSlot:
         trial_dir = self.workdir / spec.trial_id
         run = guarded(
             self._node_run(
-                spec,
-                order.node,
-                order.nnodes,
-                addr,
-                port,
-                trial_dir,
-                grace_s=self.grace_s,
-                hosts=order.hosts,
+                NodePlacement(
+                    spec,
+                    order.node,
+                    order.nnodes,
+                    addr,
+                    port,
+                    trial_dir,
+                    grace_s=self.grace_s,
+                    hosts=order.hosts,
+                )
             )
         )
         self._run, self._failed = run, None

@@ -1,13 +1,15 @@
-"""Warm start of the built-in trainer's ranks: fork them from a server that has already
-imported torch.
+"""Warm start of a node's ranks: fork them from a server that has already imported what
+they import (torch, for the built-in trainer).
 
 Importing torch and its distributed libraries costs a rank 2-3 s of CPU, which on a small
-node is most of a short trial (four ranks on two cores: over 5 s). The node agent therefore
-starts the built-in trainer's ranks through a fork server, one per agent process, that has
-imported the trainer once. Each rank is a fork of it (milliseconds) that then behaves
-exactly as ``python -m parsearch.trainers.builtin`` started by the agent: its own session (the agent
-kills its process group), stdout and stderr to its log file, the agent's environment, the
-trial directory as working directory.
+node is most of a short trial (four ranks on two cores: over 5 s). When a plan allows it
+(:class:`~parsearch.launch.plan.WarmStart`: the modules to preload and the entry function
+by name), the node agent therefore starts the ranks through a fork server, one per agent
+process and set of preloaded modules, that has imported them once. Each rank is a fork of
+it (milliseconds) that then calls the entry function, behaving exactly as the plan's
+command started by the agent: its own session (the agent kills its process group), stdout
+and stderr to its log file, the agent's environment, the trial directory as working
+directory.
 
 Lifetime: the server reads requests on its stdin, whose only writer is the agent's process;
 when that process ends (even by SIGKILL) the server sees end-of-file and exits, and every
@@ -17,16 +19,18 @@ it. The server reaps its ranks and reports each exit code.
 
 Protocol (one JSON object per line): the server announces ``{"ready"}`` (false if CUDA got
 initialised while importing: the agent then starts ranks as new programs); request
-``{"id", "env", "log", "cwd", "argv"}``, replies ``{"id", "pid"}`` when forked and
+``{"id", "env", "log", "cwd", "entry", "args"}``, replies ``{"id", "pid"}`` when forked and
 ``{"pid", "exit"}`` when a rank has ended.
 
 CUDA is never initialised in the server (importing torch does not), so forked ranks may use
-GPUs. Custom commands (the command trainer, guarded commands) are never forked.
+GPUs. Commands without a warm start (the command trainer, guarded commands) are never
+forked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -35,46 +39,51 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
-PRELOAD = (
-    "parsearch.trainers.builtin.__main__",
-    "parsearch.trainers.builtin.trainer",
-    "torch.distributed._tools.mem_tracker",
-)
+from parsearch.launch.plan import WarmStart
+
 PR_SET_PDEATHSIG = 1
 KILLED_WITH_SERVER = -int(signal.SIGKILL)
 
 
-def available() -> bool:
+def available(preload: tuple[str, ...]) -> bool:
     """Whether ranks can be forked: on Linux (``fork``, ``PR_SET_PDEATHSIG``), from a
-    server that came up without initialising CUDA (a CUDA context does not survive a fork).
-    Starts the server if needed and waits for it to be ready."""
-    return sys.platform.startswith("linux") and ForkServer.get().ready()
+    server that imported ``preload`` without initialising CUDA (a CUDA context does not
+    survive a fork). Starts the server if needed and waits for it to be ready."""
+    return sys.platform.startswith("linux") and ForkServer.get(preload).ready()
 
 
 class ForkServer:
     """The agent's side: starts the server on first use, sends requests, and a reader
     thread collects the pids and exit codes it reports."""
 
-    _instance: ForkServer | None = None
+    _instances: ClassVar[dict[tuple[str, ...], ForkServer]] = {}
     _instance_lock = threading.Lock()
 
     @classmethod
-    def get(cls) -> ForkServer:
-        """This process's server, started (again, if the last one died) on demand."""
+    def get(cls, preload: tuple[str, ...]) -> ForkServer:
+        """This process's server preloading ``preload``, started (again, if the last one
+        died) on demand."""
         with cls._instance_lock:
-            if cls._instance is None or cls._instance.dead:
-                cls._instance = cls()
-            return cls._instance
+            server = cls._instances.get(preload)
+            if server is None or server.dead:
+                server = cls._instances[preload] = cls(preload)
+            return server
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...]) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         # torch.cuda.is_available() through NVML, without creating a CUDA context.
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from parsearch.launch.prefork import serve; serve()"],
+            [
+                sys.executable,
+                "-c",
+                "import sys; from parsearch.launch.prefork import serve; serve(sys.argv[1:])",
+                *preload,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -96,13 +105,14 @@ class ForkServer:
                 self._changed.wait()
             return bool(self._usable) and not self.dead
 
-    def fork(self, env: dict[str, str], log: Path, cwd: Path, argv: list[str]) -> int:
-        """Fork a rank; its pid."""
+    def fork(self, warm: WarmStart, env: dict[str, str], log: Path, cwd: Path) -> int:
+        """Fork a rank that calls ``warm.entry``; its pid."""
         with self._changed:
             request_id = self._next_id
             self._next_id += 1
             request = {"id": request_id, "env": env, "log": str(log), "cwd": str(cwd)}
-            self._process.stdin.write(json.dumps(request | {"argv": argv}) + "\n")
+            request |= {"entry": warm.entry, "args": list(warm.args)}
+            self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
             while request_id not in self._pids:
                 if self.dead:
@@ -144,9 +154,9 @@ class ForkServer:
 class ForkedRank:
     """A rank forked by the server; the same small interface as the agent's spawned ranks."""
 
-    def __init__(self, env: dict[str, str], log: Path, cwd: Path, argv: list[str]) -> None:
-        self._server = ForkServer.get()
-        self.pid = self._server.fork(env, log, cwd, argv)
+    def __init__(self, warm: WarmStart, env: dict[str, str], log: Path, cwd: Path) -> None:
+        self._server = ForkServer.get(warm.preload)
+        self.pid = self._server.fork(warm, env, log, cwd)
         self._code: int | None = None
 
     def exit_code(self) -> int | None:
@@ -167,17 +177,17 @@ class ForkedRank:
         return self._code
 
 
-def serve() -> None:
-    """The server: preload the trainer, then fork a rank per request until stdin closes.
+def serve(preload: list[str]) -> None:
+    """The server: import ``preload``, then fork a rank per request until stdin closes.
 
     Requests are read from the file descriptor with ``select`` and our own line buffer (a
     buffered reader could hold a second request while ``select`` waits for more bytes)."""
-    for module in PRELOAD:
-        __import__(module)
-    import torch
-
+    for module in preload:
+        importlib.import_module(module)
+    torch = sys.modules.get("torch")  # imported by a preloaded module, or not at all
+    ready = torch is None or not torch.cuda.is_initialized()
     replies = sys.stdout
-    replies.write(json.dumps({"ready": not torch.cuda.is_initialized()}) + "\n")
+    replies.write(json.dumps({"ready": ready}) + "\n")
     replies.flush()
     pending = b""
     while True:
@@ -215,7 +225,7 @@ def _report_exits(replies) -> None:
 
 
 def _run_rank(request: dict) -> None:
-    """In the forked child: become ``python -m parsearch.trainers.builtin``, as the agent
+    """In the forked child: become the plan's command (its entry function), as the agent
     starts it."""
     server = os.getppid()
     os.setsid()
@@ -233,9 +243,8 @@ def _run_rank(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    from parsearch.trainers.builtin.__main__ import run_and_exit
-
-    run_and_exit(request["argv"])
+    module, function = request["entry"].split(":")
+    getattr(importlib.import_module(module), function)(request["args"])
 
 
 def _die_with_parent() -> None:

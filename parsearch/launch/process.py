@@ -3,10 +3,13 @@
 Every backend (local, MPI, Ray) runs trials through this module, so a trial that runs out of
 memory, hangs or crashes only ever kills its own processes, never a worker:
 
+* what runs is a trainer kind's :class:`~parsearch.launch.plan.NodePlan` (command,
+  environment, files, how the result is concluded); the agent knows no trainer;
 * each rank is a process in its own session, so killing its process group also kills
-  anything it started. The built-in trainer's ranks (the default command, unchanged) are
-  forked from a server that has imported torch already (:mod:`parsearch.launch.prefork`:
-  milliseconds instead of seconds a rank); any other command is started as a new program;
+  anything it started. A plan that allows it (the built-in trainer's, unchanged) has its
+  ranks forked from a server that has imported the trainer already
+  (:mod:`parsearch.launch.prefork`: milliseconds instead of seconds a rank); any other
+  command is started as a new program;
 * its stdout and stderr go to ``<trial_dir>/rank<N>.log``, never to a pipe that could fill up
   and block it; only a bounded tail of a log is ever read back;
 * ``spec.timeout_s`` is enforced; when one rank fails the others get ``grace_s`` seconds to
@@ -24,20 +27,21 @@ machine.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parsearch.launch.oom import looks_like_oom
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
@@ -56,8 +60,6 @@ COLLATERAL_MARKERS = (
 TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
 OK_TAIL_BYTES = 4 * 1024
-SPEC_FILE = "spec.json"
-RESULT_FILE = "result.json"
 RENDEZVOUS_ATTEMPTS = 3
 
 
@@ -106,23 +108,6 @@ def read_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LIN
 def _collateral(text: str) -> bool:
     lowered = text.lower()
     return any(marker in lowered for marker in COLLATERAL_MARKERS)
-
-
-def default_command(trial_dir: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "parsearch.trainers.builtin",
-        "--spec",
-        str(trial_dir / SPEC_FILE),
-        "--out",
-        str(trial_dir / RESULT_FILE),
-    ]
-
-
-def uses_gpu(spec: TrialSpec) -> bool:
-    """Whether the trial's ranks each take a GPU (backends size their slots by it)."""
-    return spec.allocation.device != "cpu" and spec.trainer.get("device", "auto") != "cpu"
 
 
 def visible_devices_var() -> str:
@@ -197,85 +182,75 @@ class _Rank:
 class NodeRun:
     """One node's ranks of one trial, started by :meth:`start` and watched by :meth:`poll`."""
 
-    def __init__(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        command: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        grace_s: float = 3.0,
-        prefork: bool = True,
-    ) -> None:
-        self.spec = spec
-        self.node_rank = node_rank
-        self.nnodes = nnodes
-        self.master_addr = master_addr
-        self.master_port = master_port
+    def __init__(self, placement: NodePlacement, plan: NodePlan) -> None:
+        self.placement = placement
+        self.plan = plan
+        self.spec = placement.spec
+        self.node_rank = placement.node_rank
+        self.nnodes = placement.nnodes
         # Absolute: forked ranks start in the fork server's directory, not ours.
-        self.trial_dir = Path(trial_dir).resolve()
-        self.cwd = self.trial_dir  # where spawned ranks start (a trainer kind may change it)
-        self.custom_command = command is not None
-        self.command = list(command) if command is not None else default_command(self.trial_dir)
-        self.extra_env = dict(env or {})
-        self.grace_s = grace_s
-        self.prefork = prefork
+        self.trial_dir = placement.trial_dir.resolve()
+        self.cwd = plan.cwd if plan.cwd is not None else self.trial_dir
+        self.command = list(plan.argv)  # a backend may prefix a guard
+        self.grace_s = placement.grace_s
         self.ranks: list[_Rank] = []
         self.result: TrialResult | None = None
         self._start = 0.0
         self._first_failure: tuple[float, int] | None = None
 
     def global_ranks(self) -> range:
-        per_node = self.spec.ranks_per_node
-        world = self.spec.layout.world_size
-        first = self.node_rank * per_node
-        return range(first, min(first + per_node, world))
+        """The ranks of this node's processes (one process per node: the node's rank)."""
+        if self.plan.per_node:
+            return range(self.node_rank, self.node_rank + 1)
+        return self.placement.global_ranks()
 
     def start(self) -> NodeRun:
-        """Write the spec and start this node's ranks."""
+        """Write the plan's files and start this node's ranks."""
         world = self.spec.layout.world_size
         if self.nnodes * self.spec.ranks_per_node < world or not self.global_ranks():
             raise ValueError(
                 f"node {self.node_rank} of {self.nnodes} has no ranks of a {world}-rank trial "
                 f"at {self.spec.ranks_per_node} ranks per node"
             )
+        if not self.cwd.is_dir() and self.plan.cwd is not None:
+            raise NotADirectoryError(f"{self.plan.cwd_field}: {self.cwd} is not a directory")
         self.trial_dir.mkdir(parents=True, exist_ok=True)
-        spec_path = self.trial_dir / SPEC_FILE
-        tmp = spec_path.with_name(f".{SPEC_FILE}.{os.getpid()}.{self.node_rank}.tmp")
-        tmp.write_text(self.spec.to_json())
-        tmp.replace(spec_path)
+        for name, text in self.plan.files.items():
+            path = self.trial_dir / name
+            tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
         self._start = time.monotonic()
         local_ranks = self.global_ranks()
-        forked = self.forks_builtin_trainer()
+        forked = self.forks_warm()
         for local, rank in enumerate(local_ranks):
             log = self.trial_dir / f"rank{rank}.log"
             env = self.rank_env(rank, local, len(local_ranks))
             if forked:
                 from parsearch.launch.prefork import ForkedRank
 
-                process = ForkedRank(env, log, self.trial_dir, self.command[3:])
+                process = ForkedRank(self.plan.warm, env, log, self.trial_dir)
             else:
                 process = SpawnedRank(self.command, env, log, self.cwd)
             self.ranks.append(_Rank(rank, process.pid, log, process))
         return self
 
-    def forks_builtin_trainer(self) -> bool:
-        """Whether the ranks are the built-in trainer, unchanged (a backend may prefix a
-        guard to the command), and may be forked warm (:mod:`parsearch.launch.prefork`)."""
-        if not self.prefork or self.command != default_command(self.trial_dir):
+    def forks_warm(self) -> bool:
+        """Whether the ranks may be forked warm (:mod:`parsearch.launch.prefork`): the plan
+        allows it and its command is unchanged (a backend may prefix a guard)."""
+        warm = self.plan.warm
+        if warm is None or self.command != list(self.plan.argv):
             return False
         from parsearch.launch import prefork
 
-        return prefork.available()
+        return prefork.available(warm.preload)
 
     def rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
-        """The environment of one rank: the launcher variables torch, Megatron and
-        DeepSpeed read, and its device; a trainer kind may add its own."""
+        """The environment of one rank: the plan's, the launcher variables torch, Megatron
+        and DeepSpeed read, and its device; then the plan's ``drop_env`` removed."""
         env = dict(os.environ)
-        env.update(self.extra_env)
+        env.update(self.plan.env)
+        env.update(self.placement.env)
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env.update(
@@ -285,17 +260,19 @@ class NodeRun:
             LOCAL_WORLD_SIZE=str(local_world),
             GROUP_RANK=str(self.node_rank),
             NODE_RANK=str(self.node_rank),
-            MASTER_ADDR=self.master_addr,
-            MASTER_PORT=str(self.master_port),
+            MASTER_ADDR=self.placement.master_addr,
+            MASTER_PORT=str(self.placement.master_port),
         )
         # Make the rank's source importable when it runs from the trial directory.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        if uses_gpu(self.spec):
+        if self.plan.bind_devices:
             var = visible_devices_var()
             visible = env.get(var)
             devices = visible.split(",") if visible else None
             env[var] = devices[local % len(devices)] if devices else str(local)
+        for var in self.plan.drop_env:
+            env.pop(var, None)
         return env
 
     @property
@@ -346,7 +323,10 @@ class NodeRun:
             code = rank.process.reap()
             if rank.exit_code is None:
                 rank.exit_code = code
-        self.result = self._classify(forced, still_running)
+        result = self._classify(forced, still_running)
+        if self.plan.conclusion is not None:
+            result = self.plan.conclusion.conclude(self, result)
+        self.result = result
         self.result.hosts = [socket.gethostname()]
         self.result.duration_s = time.monotonic() - self._start
         return self.result
@@ -394,7 +374,7 @@ class NodeRun:
                 error=f"rank {worst.rank} {_describe_exit(worst.exit_code)}",
                 log_tail=tails[worst.rank],
             )
-        return self._success(tails)
+        return self._success()
 
     def _culprit(self, failed: list[_Rank], tails: dict[int, str]) -> _Rank:
         """The rank that failed first for a reason of its own: ranks whose peer died fail
@@ -404,31 +384,10 @@ class NodeRun:
         causes = [r for r in ordered if not _collateral(tails[r.rank])]
         return (causes or ordered)[0]
 
-    def _success(self, tails: dict[int, str]) -> TrialResult:
-        """Every rank exited 0: node 0 reports what rank 0 wrote."""
-        first = self.ranks[0]
-        tail = read_tail(first.log, OK_TAIL_BYTES)
-        if self.node_rank != 0:
-            return TrialResult(status=TrialState.OK, log_tail=tail)
-        path = self.trial_dir / RESULT_FILE
-        try:
-            result = TrialResult.from_dict(json.loads(path.read_text()))
-        except FileNotFoundError:
-            if self.custom_command:  # a command trainer parses the logs itself
-                return TrialResult(status=TrialState.OK, log_tail=tail)
-            return TrialResult(
-                status=TrialState.ERROR,
-                error=f"every rank exited 0 but rank 0 wrote no {RESULT_FILE}",
-                log_tail=tails[first.rank],
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            return TrialResult(
-                status=TrialState.ERROR,
-                error=f"unreadable {path}: {exc}",
-                log_tail=tails[first.rank],
-            )
-        result.log_tail = result.log_tail or tail
-        return result
+    def _success(self) -> TrialResult:
+        """Every rank exited 0 (the plan's conclusion reads what they left behind)."""
+        tail = read_tail(self.ranks[0].log, OK_TAIL_BYTES)
+        return TrialResult(status=TrialState.OK, log_tail=tail)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -441,34 +400,28 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def run_node(
-    spec: TrialSpec,
-    node_rank: int,
-    nnodes: int,
-    master_addr: str,
-    master_port: int,
-    trial_dir: Path,
-    command: list[str] | None = None,
-    env: dict[str, str] | None = None,
-) -> TrialResult:
-    """Run this node's ranks of ``spec`` to the end and return the node's result."""
-    run = NodeRun(spec, node_rank, nnodes, master_addr, master_port, trial_dir, command, env)
-    return run.start().wait()
+# Plans a node's processes for a placement: a trainer kind's plan (parsearch.trainers).
+Planner = Callable[[NodePlacement], NodePlan]
+
+
+def run_node(placement: NodePlacement, plan: NodePlan) -> TrialResult:
+    """Run this node's ranks of a trial to the end and return the node's result."""
+    return NodeRun(placement, plan).start().wait()
 
 
 def run_local(
     spec: TrialSpec,
+    planner: Planner,
     trial_dir: Path | None = None,
-    command: list[str] | None = None,
     env: dict[str, str] | None = None,
-    prefork: bool = True,
 ) -> TrialResult:
-    """Run every node of ``spec`` on this machine (one :class:`NodeRun` each, one rendezvous
-    on 127.0.0.1). When one node fails the others are killed. Without ``trial_dir`` the logs
-    go to a temporary directory that is removed afterwards (the result keeps their tail).
-    A rendezvous port taken in the meantime (EADDRINUSE) is retried on another port."""
+    """Run every node of ``spec`` on this machine (one :class:`NodeRun` each, planned by
+    ``planner``, one rendezvous on 127.0.0.1). When one node fails the others are killed.
+    Without ``trial_dir`` the logs go to a temporary directory that is removed afterwards
+    (the result keeps their tail). A rendezvous port taken in the meantime (EADDRINUSE) is
+    retried on another port."""
     for _ in range(RENDEZVOUS_ATTEMPTS):
-        result = _run_local_once(spec, trial_dir, command, env, prefork)
+        result = _run_local_once(spec, planner, trial_dir, env)
         if not _port_was_taken(result):
             break
     return result
@@ -479,22 +432,17 @@ def _port_was_taken(result: TrialResult) -> bool:
 
 
 def _run_local_once(
-    spec: TrialSpec,
-    trial_dir: Path | None,
-    command: list[str] | None,
-    env: dict[str, str] | None,
-    prefork: bool,
+    spec: TrialSpec, planner: Planner, trial_dir: Path | None, env: dict[str, str] | None
 ) -> TrialResult:
     with contextlib.ExitStack() as stack:
         if trial_dir is None:
             trial_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parsearch-")))
         port = free_port("127.0.0.1")
-        runs = [
-            NodeRun(
-                spec, node, spec.nodes, "127.0.0.1", port, trial_dir, command, env, prefork=prefork
-            )
+        placements = [
+            NodePlacement(spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env or {})
             for node in range(spec.nodes)
         ]
+        runs = [NodeRun(placement, planner(placement)) for placement in placements]
         try:
             for run in runs:
                 run.start()

@@ -3,15 +3,14 @@ trainer, through the same backends and node agent (never offered to a space's ``
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpaceError
-from parsearch.launch.process import RESULT_FILE, SPEC_FILE, NodeRun
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
+from parsearch.rank_program import rank_program_plan
 from parsearch.result import TrialResult, TrialState
-from parsearch.trial import TrialSpec
 
 
 class ProbeKind:
@@ -22,33 +21,8 @@ class ProbeKind:
     def validate(self, section: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise SpaceError("a probe is started by `parsearch probe`", source=source, field="trainer")
 
-    def node_run(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        grace_s: float = 3.0,
-        hosts: Sequence[str] = (),
-    ) -> NodeRun:
-        where = Path(trial_dir).resolve()
-        command = [sys.executable, "-m", "parsearch.probe.rank", "--spec", str(where / SPEC_FILE)]
-        command += ["--out", str(where / RESULT_FILE)]
-        return NodeRun(
-            spec,
-            node_rank,
-            nnodes,
-            master_addr,
-            master_port,
-            trial_dir,
-            command=command,
-            env=dict(env or {}),
-            grace_s=grace_s,
-        )
+    def plan(self, placement: NodePlacement) -> NodePlan:
+        return rank_program_plan(placement, "parsearch.probe.rank", required=False)
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult:
         """A failure if any node failed, else node 0's result (rank 0 wrote it)."""

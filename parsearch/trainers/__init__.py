@@ -1,18 +1,21 @@
 """Trainer kinds, found by ``trainer.kind`` through one registry (:data:`TRAINER_KINDS`):
 the built-in trainer (:mod:`.builtin`) and the command trainer (:mod:`.command`), each
 implementing :class:`~parsearch.trainers.base.TrainerKind`. The space validates a trainer
-section with its kind; backends plan a node's run with :func:`node_run` and combine a
-multi-node trial's results with :func:`merge_results`, so none of them knows the kinds.
+section with its kind; backends plan a node's run at a placement with :func:`node_run` and
+combine a multi-node trial's results with :func:`merge_results`, so none of them knows the
+kinds.
 Importing this package starts nothing and imports no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.launch.process import NodeRun
 from parsearch.probe.kind import ProbeKind
+from parsearch.rank_program import uses_gpu
 from parsearch.result import TrialResult
 from parsearch.trainers.base import TrainerKind
 from parsearch.trainers.builtin.kind import BuiltinKind
@@ -29,33 +32,19 @@ def kind_of(spec: TrialSpec) -> TrainerKind:
     return _TRIAL_KINDS[spec.trainer.get("kind", "builtin")]
 
 
-def node_run(
-    spec: TrialSpec,
-    node_rank: int,
-    nnodes: int,
-    master_addr: str,
-    master_port: int,
-    trial_dir: Path,
-    *,
-    env: Mapping[str, str] | None = None,
-    grace_s: float = 3.0,
-    hosts: Sequence[str] = (),
-) -> NodeRun:
-    """A not-yet-started run of one node of ``spec``, for its trainer kind. ``hosts``: the
-    trial's nodes, node 0 first (a command trainer's ``{hosts}`` and ``{hostfile}``)."""
-    return kind_of(spec).node_run(
-        spec,
-        node_rank,
-        nnodes,
-        master_addr,
-        master_port,
-        trial_dir,
-        env=env,
-        grace_s=grace_s,
-        hosts=hosts,
-    )
+def plan_node(placement: NodePlacement) -> NodePlan:
+    """One node's processes of a trial, as its trainer kind plans them."""
+    return kind_of(placement.spec).plan(placement)
+
+
+def node_run(placement: NodePlacement) -> NodeRun:
+    """A not-yet-started run of one node of a trial, planned by its trainer kind."""
+    return NodeRun(placement, plan_node(placement))
 
 
 def merge_results(spec: TrialSpec, results: Sequence[TrialResult]) -> TrialResult:
     """One trial's result from its nodes' (index = node rank), as its trainer kind sees it."""
     return kind_of(spec).merge(results)
+
+
+__all__ = ["TRAINER_KINDS", "kind_of", "merge_results", "node_run", "plan_node", "uses_gpu"]

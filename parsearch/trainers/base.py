@@ -4,12 +4,11 @@ kind of trainer, so that none of them knows the kinds (README, "Bringing your ow
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
-from parsearch.launch.process import NodeRun
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult
-from parsearch.trial import TrialSpec
 
 
 class TrainerKind(Protocol):
@@ -18,9 +17,10 @@ class TrainerKind(Protocol):
     * :meth:`validate` checks the space's ``trainer`` section once, when the space is loaded,
       through the kind's typed settings, and returns the plain dict a :class:`TrialSpec`
       carries to the ranks as JSON;
-    * :meth:`node_run` plans one node's processes of a trial (argv, environment, files) as a
-      not-yet-started :class:`NodeRun`, which launches and watches them and concludes the
-      node's :class:`TrialResult` from what they left behind;
+    * :meth:`plan` plans one node's processes of a trial at a :class:`NodePlacement` (argv,
+      environment, files, whether they may be forked from a warm server, and the
+      conclusion that turns what they left behind into the node's :class:`TrialResult`);
+      the node agent (:class:`parsearch.launch.process.NodeRun`) executes the plan;
     * :meth:`merge` concludes the trial's result from its nodes' results.
     """
 
@@ -28,18 +28,6 @@ class TrainerKind(Protocol):
 
     def validate(self, section: Mapping[str, Any], source: str) -> dict[str, Any]: ...
 
-    def node_run(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        grace_s: float = 3.0,
-        hosts: Sequence[str] = (),
-    ) -> NodeRun: ...
+    def plan(self, placement: NodePlacement) -> NodePlan: ...
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult: ...

@@ -11,21 +11,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path | None = None, prefork: bool = True) -> TrialResult:
-    """Run ``spec`` on this machine (all its ranks, via :func:`parsearch.launch.process.run_local`).
+    """Run ``spec`` on this machine (all its ranks, via :func:`parsearch.launch.process.run_local`,
+    as the built-in trainer kind plans them).
 
     ``trial_dir`` keeps the spec, result and per-rank logs; without it they live in a
     temporary directory and only the result (with a log tail on failure) remains. With
     ``prefork`` the ranks are forked from a server that has imported torch already
     (:mod:`parsearch.launch.prefork`), else started as new programs.
     """
-    from parsearch.launch.process import run_local
+    from dataclasses import replace
 
-    return run_local(spec, trial_dir, prefork=prefork)
+    from parsearch.launch.process import run_local
+    from parsearch.trainers.builtin.kind import BuiltinKind
+
+    def plan(placement: NodePlacement) -> NodePlan:
+        planned = BuiltinKind().plan(placement)
+        return planned if prefork else replace(planned, warm=None)
+
+    return run_local(spec, plan, trial_dir)
 
 
 __all__ = ["run_trial"]

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpaceError
-from parsearch.launch.process import NodeRun
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
+from parsearch.rank_program import rank_program_plan
 from parsearch.result import TrialResult, TrialState
-from parsearch.trial import TrialSpec
+
+# What the warm fork server imports once for every rank it forks (torch and the trainer).
+PRELOAD = (
+    "parsearch.trainers.builtin.__main__",
+    "parsearch.trainers.builtin.trainer",
+    "torch.distributed._tools.mem_tracker",
+)
+ENTRY = "parsearch.trainers.builtin.__main__:run_and_exit"
 
 
 class BuiltinKind:
-    """Ranks run ``python -m parsearch.trainers.builtin`` (forked warm where it can); node 0's
-    rank 0 writes the trial's result."""
+    """Ranks run ``python -m parsearch.trainers.builtin`` (forked warm where they can);
+    node 0's rank 0 writes the trial's result."""
 
     name = "builtin"
 
@@ -25,28 +33,9 @@ class BuiltinKind:
             section, lambda field, message: SpaceError(message, source=source, field=field)
         )
 
-    def node_run(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        grace_s: float = 3.0,
-        hosts: Sequence[str] = (),
-    ) -> NodeRun:
-        return NodeRun(
-            spec,
-            node_rank,
-            nnodes,
-            master_addr,
-            master_port,
-            trial_dir,
-            env=dict(env or {}),
-            grace_s=grace_s,
+    def plan(self, placement: NodePlacement) -> NodePlan:
+        return rank_program_plan(
+            placement, "parsearch.trainers.builtin", entry=ENTRY, preload=PRELOAD
         )
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from parsearch.launch.process import NodeRun
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult
-from parsearch.trial import TrialSpec
 
 
 class CommandKind:
@@ -21,24 +20,10 @@ class CommandKind:
 
         return validate_section(section, source)
 
-    def node_run(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        grace_s: float = 3.0,
-        hosts: Sequence[str] = (),
-    ) -> NodeRun:
-        from parsearch.trainers.command.trainer import CommandNodeRun
+    def plan(self, placement: NodePlacement) -> NodePlan:
+        from parsearch.trainers.command.trainer import CommandNode
 
-        return CommandNodeRun(
-            spec, node_rank, nnodes, master_addr, master_port, trial_dir, env, grace_s, hosts
-        )
+        return CommandNode(placement).plan()
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult:
         """A failure if any node failed (the most telling), else the last node's metrics

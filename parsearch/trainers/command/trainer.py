@@ -1,9 +1,9 @@
 """The command trainer: run the user's own training program for a trial, read its log.
 
 A space names it with ``trainer: {kind: command, ...}`` (see :func:`validate_section` for the
-keys). For each node of a trial :class:`CommandNodeRun` fills the command template from the
-layout and starts it through the node agent (:class:`parsearch.launch.process.NodeRun`), which owns
-process groups, the timeout and the logs, in one of two ways:
+keys). For each node of a trial :class:`CommandNode` fills the command template from the
+layout and plans its processes for the node agent (:class:`parsearch.launch.process.NodeRun`),
+which owns process groups, the timeout and the logs, in one of three ways:
 
 * ``launch: per_rank`` — once per rank, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   ``MASTER_ADDR``, ``MASTER_PORT`` set, as ``srun`` would (Megatron's ``pretrain_gpt.py``);
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,10 @@ from typing import Any
 
 from parsearch.errors import SpaceError
 from parsearch.launch.oom import first_oom_line
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.plan import NodePlan
 from parsearch.launch.process import NodeRun, read_tail
+from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
 from parsearch.trainers.command.parsers.regex import compile_patterns, resolve_scale, scale_factors
@@ -85,7 +87,6 @@ DEFAULTS: dict[str, Any] = {
     "vars": {},
     "files": {},
 }
-_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 # What makes a program think it is one rank of a distributed job (nanoGPT checks RANK).
 _LAUNCHER_VARS = (*_RANK_VARS, "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -271,129 +272,87 @@ def _render_file(template: Any, values: Mapping[str, Any]) -> str:
     return json.dumps(walk(template), indent=2) + "\n"
 
 
-class CommandNodeRun(NodeRun):
-    """One node's part of a command-trainer trial; the same ``start``/``poll``/``kill``/
-    ``wait`` protocol as :class:`~parsearch.launch.process.NodeRun`, whose result it refines."""
+class CommandNode:
+    """One node's part of a command-trainer trial: the plan of its processes for the node
+    agent (:meth:`plan`), and the conclusion of its result from their logs
+    (:meth:`conclude`)."""
 
-    def __init__(
-        self,
-        spec: TrialSpec,
-        node_rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        trial_dir: Path,
-        env: Mapping[str, str] | None = None,
-        grace_s: float = 3.0,
-        hosts: Sequence[str] = (),
-    ) -> None:
-        """``env`` is the backend's own (e.g. the devices of a local slot); it overrides
-        the space's ``trainer.env``. ``hosts``: the trial's nodes, for ``{hosts}`` and
-        ``{hostfile}``."""
+    def __init__(self, placement: NodePlacement) -> None:
+        spec = placement.spec
         self.settings = CommandSettings.from_section(spec.trainer, f"trial {spec.trial_id}")
-        self.hosts = list(hosts)
+        self.placement = placement
+        self.spec = spec
         self.values = self.settings.values(
             spec,
-            node_rank=node_rank,
-            nnodes=nnodes,
-            master_addr=master_addr,
-            master_port=master_port,
-            trial_dir=Path(trial_dir),
-            hosts=self.hosts,
-        )
-        rendered = {key: text.render(self.values) for key, text in self.settings.env.items()}
-        super().__init__(
-            spec,
-            node_rank,
-            nnodes,
-            master_addr,
-            master_port,
-            trial_dir,
-            command=self.settings.template.argv(self.values),
-            env={**rendered, **(env or {})},
-            grace_s=grace_s,
+            node_rank=placement.node_rank,
+            nnodes=placement.nnodes,
+            master_addr=placement.master_addr,
+            master_port=placement.master_port,
+            trial_dir=placement.trial_dir,
+            hosts=list(placement.hosts),
         )
         self.launch = self.settings.section["launch"]
         self.per_node = self.launch in ("per_node", "single")
-        if self.settings.cwd is not None:
-            self.cwd = self.trial_dir / Path(self.settings.cwd.render(self.values)).expanduser()
-        self._concluded = False
 
-    def global_ranks(self) -> range:
-        """Per node: one process, logged as ``rank<node_rank>.log``."""
-        if self.per_node:
-            return range(self.node_rank, self.node_rank + 1)
-        return super().global_ranks()
-
-    def start(self) -> CommandNodeRun:
-        """Write the space's generated files and the host file into the trial directory,
-        then start."""
-        if self.settings.cwd is not None and not self.cwd.is_dir():
-            raise NotADirectoryError(f"trainer.cwd: {self.cwd} is not a directory")
-        self.trial_dir.mkdir(parents=True, exist_ok=True)
-        written = {
+    def plan(self) -> NodePlan:
+        """The filled command, the space's ``trainer.env`` (the backend's own environment
+        wins over it) and generated files plus the host file and ``spec.json``; per node,
+        ``NNODES`` and ``NPROC_PER_NODE`` instead of the rank variables (``single``: no
+        launcher variables); devices bound to ranks only with ``bind_devices``."""
+        env = {key: text.render(self.values) for key, text in self.settings.env.items()}
+        drop: tuple[str, ...] = ()
+        if self.launch == "single":
+            drop = _LAUNCHER_VARS
+        elif self.per_node:
+            drop = _RANK_VARS
+            env["NNODES"] = str(self.placement.nnodes)
+            env["NPROC_PER_NODE"] = str(self.spec.ranks_per_node)
+        files = {
             name: _render_file(template, self.values)
             for name, template in self.settings.files.items()
         }
-        written.setdefault(HOSTFILE, "".join(f"{host}\n" for host in self.hosts))
-        for name, text in written.items():
-            path = self.trial_dir / name
-            tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
-        super().start()
-        return self
-
-    def rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
-        env = super().rank_env(rank, local, local_world)
-        if self.per_node or not self.settings.section["bind_devices"]:
-            inherited = {**os.environ, **self.extra_env}
-            for var in _DEVICE_VARS:
-                if var in inherited:
-                    env[var] = inherited[var]
-                else:
-                    env.pop(var, None)
-        if self.launch == "single":
-            for var in _LAUNCHER_VARS:
-                env.pop(var, None)
-        elif self.per_node:
-            for var in _RANK_VARS:
-                env.pop(var, None)
-            env["NNODES"] = str(self.nnodes)
-            env["NPROC_PER_NODE"] = str(self.spec.ranks_per_node)
-        return env
-
-    def poll(self) -> TrialResult | None:
-        result = super().poll()
-        if result is None or self._concluded:
-            return result
-        self._concluded = True
-        self.result = self._conclude(result)
-        return self.result
+        files.setdefault(HOSTFILE, "".join(f"{host}\n" for host in self.placement.hosts))
+        files.setdefault(SPEC_FILE, self.spec.to_json())  # the trial, for whoever reads it
+        cwd = None
+        if self.settings.cwd is not None:
+            where = Path(self.settings.cwd.render(self.values)).expanduser()
+            cwd = self.placement.trial_dir.resolve() / where
+        return NodePlan(
+            argv=self.settings.template.argv(self.values),
+            env=env,
+            files=files,
+            cwd=cwd,
+            cwd_field="trainer.cwd",
+            bind_devices=(
+                uses_gpu(self.spec) and not self.per_node and self.settings.section["bind_devices"]
+            ),
+            drop_env=drop,
+            per_node=self.per_node,
+            conclusion=self,
+        )
 
     def _label(self, rank: int) -> str:
         if self.launch == "single":
             return "the trainer"
         return f"node {rank}" if self.per_node else f"rank {rank}"
 
-    def _conclude(self, agent: TrialResult) -> TrialResult:
+    def conclude(self, run: NodeRun, agent: TrialResult) -> TrialResult:
         """Re-read the logs and decide the trial's state and metrics (see module doc)."""
         if agent.status is TrialState.INTERRUPTED:
             return agent
-        final = over_memory_cap(self._judge(agent), self.spec.memory_cap_bytes)
-        final.hosts, final.duration_s = agent.hosts, agent.duration_s
+        final = over_memory_cap(self._judge(run, agent), self.spec.memory_cap_bytes)
         if self.per_node and final.error:  # the agent counts processes as ranks
-            for rank in self.ranks:
+            for rank in run.ranks:
                 label = self._label(rank.rank)
                 final.error = final.error.replace(f"rank {rank.rank} ", f"{label} ", 1)
                 final.error = final.error.replace(f"ranks [{rank.rank}]", label, 1)
         return final
 
-    def _judge(self, agent: TrialResult) -> TrialResult:
+    def _judge(self, run: NodeRun, agent: TrialResult) -> TrialResult:
         """Precedence: a status the trainer reported itself; a clean exit with metrics; an
         out-of-memory line in any log (it explains a crash or a hang); the agent's OOM;
         metrics before a timeout; the agent's failure; a clean exit without metrics."""
-        metrics, reason, log = self._measure()
+        metrics, reason, log = self._measure(run)
         measured = "tokens_per_s" in metrics
         status = metrics.pop("status", "ok")
         if status != "ok":
@@ -406,11 +365,11 @@ class CommandNodeRun(NodeRun):
         # The agent calls a trial whose log merely mentions "out of memory" an OOM even when
         # every rank exited 0; a trainer that recovered and measured is not one.
         clean = agent.status in (TrialState.OK, TrialState.OOM) and all(
-            rank.exit_code == 0 for rank in self.ranks
+            rank.exit_code == 0 for rank in run.ranks
         )
         if clean and measured:
             return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=tail)
-        for rank in self.ranks:
+        for rank in run.ranks:
             with rank.log.open(errors="replace") as lines:
                 oom = first_oom_line(lines)
             if oom is not None:
@@ -426,20 +385,20 @@ class CommandNodeRun(NodeRun):
             return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=agent.log_tail)
         if agent.status is not TrialState.OK:
             return agent
-        if self.nnodes > 1:  # another node may hold the last rank: see merge_node_results
+        if self.placement.nnodes > 1:  # another node may hold the last rank: see merge_node_results
             return TrialResult(status=TrialState.OK, metrics=metrics, error=reason, log_tail=tail)
         return TrialResult(
             status=TrialState.ERROR, error=f"every rank exited 0 but {reason}", log_tail=tail
         )
 
-    def _measure(self) -> tuple[dict[str, Any], str, Path | None]:
+    def _measure(self, run: NodeRun) -> tuple[dict[str, Any], str, Path | None]:
         """Metrics from the last log that has metric lines, peak memory from every log
         (Megatron reports memory on each stage's first rank, timings on the last); or why
         there are no metrics (then ``peak_mem_bytes`` alone, for merge_node_results)."""
         section = self.settings.section
         scans: list[tuple[int, Path, LogScan]] = []
         scale = resolve_scale(section.get("scale", {}), self.values)
-        for rank in self.ranks:
+        for rank in run.ranks:
             parser = make_parser(section["parser"], section.get("patterns"), scale)
             with rank.log.open(errors="replace") as lines:
                 scans.append((rank.rank, rank.log, parse_lines(lines, parser)))
@@ -489,17 +448,9 @@ def _memory_metrics(scan: LogScan) -> dict[str, Any]:
     return {} if scan.peak_mem_bytes is None else {"peak_mem_bytes": int(scan.peak_mem_bytes)}
 
 
-def run_node(
-    spec: TrialSpec,
-    node_rank: int,
-    nnodes: int,
-    master_addr: str,
-    master_port: int,
-    trial_dir: Path,
-) -> TrialResult:
+def run_node(placement: NodePlacement) -> TrialResult:
     """Run this node's part of a command-trainer trial to the end (the blocking form)."""
-    run = CommandNodeRun(spec, node_rank, nnodes, master_addr, master_port, trial_dir)
-    return run.start().wait()
+    return NodeRun(placement, CommandNode(placement).plan()).start().wait()
 
 
 _FAILURE_ORDER = (TrialState.OOM, TrialState.ERROR, TrialState.TIMEOUT, TrialState.INTERRUPTED)

@@ -1,0 +1,42 @@
+"""Where one node's share of a trial runs: the one value a backend hands to a trainer kind
+and to the node agent, instead of the same arguments passed through every layer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from parsearch.trial import TrialSpec
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Node ``node_rank`` of ``nnodes`` of ``spec``, meeting the others at
+    ``master_addr:master_port``, with its logs and files in ``trial_dir``.
+
+    ``env``: the backend's own variables for the node's processes (e.g. a local slot's
+    devices), which win over a trainer's; ``grace_s``: how long the other ranks may keep
+    running after one failed; ``hosts``: the trial's nodes, node 0 first, where the backend
+    knows them (a command trainer's ``{hosts}`` and ``{hostfile}``)."""
+
+    spec: TrialSpec
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    trial_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace_s: float = 3.0
+    hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trial_dir", Path(self.trial_dir))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+
+    def global_ranks(self) -> range:
+        """The trial's ranks this node runs (the layout's, ``ranks_per_node`` a node)."""
+        per_node = self.spec.ranks_per_node
+        first = self.node_rank * per_node
+        return range(first, min(first + per_node, self.spec.layout.world_size))
