@@ -76,6 +76,9 @@ def main() -> None:
         engine.step()
     if engine.global_rank == 0:
         print(f"final loss {loss.item():.4f} after {engine.global_steps} steps", flush=True)
+    if torch.distributed.is_initialized():
+        # Left to interpreter exit, gloo's threads can abort a rank after its figures printed.
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -73,6 +73,10 @@ def main() -> None:
     )
     data = RandomTokens(samples, args.seq_length, args.vocab, args.seed)
     Trainer(model=model, args=training, train_dataset=data).train()
+    if torch.distributed.is_initialized():
+        # Left to interpreter exit, gloo's threads can abort the rank ("terminate called
+        # without an active exception") after the run has printed its figures.
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
