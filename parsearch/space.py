@@ -592,7 +592,7 @@ class _Reader:
         from parsearch.trainers import TRAINER_KINDS
 
         kind = value.get("kind", "builtin")
-        if kind not in TRAINER_KINDS:
+        if not isinstance(kind, str) or kind not in TRAINER_KINDS:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")
         return TRAINER_KINDS[kind].validate(value, self.source)
 
