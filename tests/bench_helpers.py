@@ -109,19 +109,6 @@ def fault_command(mode: str, rank: int, trial_dir: Path) -> list[str]:
     ]
 
 
-def child_pids_alive(pids: list[int]) -> list[int]:
-    """The ones of ``pids`` that still exist as live (non-zombie) processes."""
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
-
-
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
     """Train in-process with one thread, as every rank does (OMP_NUM_THREADS=1)."""

@@ -3,13 +3,13 @@ campaign through the CLI, the trial logs it left, and the processes still alive.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+from process_census import survivors
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "search_spaces" / "examples"
@@ -46,22 +46,6 @@ def start_campaign(space: Path, tmp_path: Path, budget: int = 1) -> subprocess.P
          "--backend-opt", f"workdir={tmp_path / 'killed'}"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-
-
-def survivors(marker: Path) -> list[int]:
-    """Live processes whose command line mentions ``marker`` (a test's own directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(marker).encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_helpers import child_pids_alive, command_plan
+from bench_helpers import command_plan
+from process_census import child_pids_alive
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.launch.placement import NodePlacement

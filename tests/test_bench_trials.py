@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from bench_helpers import child_pids_alive, command_plan, fault_command, one_thread, tiny_spec
+from bench_helpers import command_plan, fault_command, one_thread, tiny_spec
+from process_census import child_pids_alive
 
 from parsearch.estimate import EstimateSettings, memory_by_stage
 from parsearch.launch.placement import NodePlacement

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from bench_helpers import child_pids_alive
+from process_census import child_pids_alive
 
 pytest.importorskip("mpi4py")
 

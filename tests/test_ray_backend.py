@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_helpers import child_pids_alive
+from process_census import child_pids_alive
 
 ray = pytest.importorskip("ray")
 

@@ -17,28 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from process_census import survivors
 
 from parsearch.launch import guard
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = str(Path(__file__).with_name("daemonizing_launcher.py"))
-
-
-def survivors(marker: Path, zombies: bool = False) -> list[int]:
-    """Live processes whose command line mentions ``marker`` (and unreaped ones with
-    ``zombies``: a process the guard leaves unreaped would be init's to reap)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(marker).encode() in cmdline and (zombies or state != "Z"):
-            found.append(int(entry.name))
-    return found
 
 
 def wait_until_gone(marker: Path, timeout_s: float = 10.0, zombies: bool = False) -> None:

@@ -16,7 +16,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from parsearch.errors import LayoutError
 from parsearch.failures import failure_reason
 from parsearch.launch.guard import guarded
 from parsearch.launch.placement import NodePlacement
-from parsearch.launch.process import free_port
+from parsearch.launch.process import free_port, run_together
 from parsearch.result import TrialResult
 from parsearch.search.candidates import layout_problems, raw_layout
 from parsearch.space import SearchSpace, load_space
@@ -136,18 +135,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path) -> tuple[TrialResult, list[list[
     commands = [list(run.command) for run in runs]
     runs = [guarded(run) for run in runs]
     print(f"running {spec.layout.short()} (timeout {spec.timeout_s:g} s) ...", file=sys.stderr)
-    try:
-        for run in runs:
-            run.start()
-        while True:
-            results = [run.poll() for run in runs]
-            failed = [r for r in results if r is not None and not r.ok]
-            if failed or all(r is not None for r in results):
-                break
-            time.sleep(0.05)
-    finally:
-        results = [run.kill() for run in runs]
-    return merge_results(spec, results), commands
+    return merge_results(spec, run_together(runs)), commands
 
 
 def render(

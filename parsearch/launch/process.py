@@ -409,6 +409,25 @@ def run_node(placement: NodePlacement, plan: NodePlan) -> TrialResult:
     return NodeRun(placement, plan).start().wait()
 
 
+def run_together(runs: list[NodeRun]) -> list[TrialResult]:
+    """Start every node of one trial and wait until all have ended or one has failed; the
+    others are then killed, since a trial whose node failed cannot finish. Each node's
+    result, in order."""
+    try:
+        for run in runs:
+            run.start()
+        while True:
+            results = [run.poll() for run in runs]
+            if any(r is not None and not r.ok for r in results) or all(
+                r is not None for r in results
+            ):
+                break
+            time.sleep(0.05)
+    finally:
+        results = [run.kill() for run in runs]
+    return results
+
+
 def run_local(
     spec: TrialSpec,
     planner: Planner,
@@ -442,17 +461,6 @@ def _run_local_once(
             NodePlacement(spec, node, spec.nodes, "127.0.0.1", port, trial_dir, env or {})
             for node in range(spec.nodes)
         ]
-        runs = [NodeRun(placement, planner(placement)) for placement in placements]
-        try:
-            for run in runs:
-                run.start()
-            while True:
-                results = [run.poll() for run in runs]
-                failed = [r for r in results if r is not None and not r.ok]
-                if failed or all(r is not None for r in results):
-                    break
-                time.sleep(0.05)
-        finally:
-            results = [run.kill() for run in runs]
+        results = run_together([NodeRun(placement, planner(placement)) for placement in placements])
         failed = [r for r in results if not r.ok and r.status is not TrialState.INTERRUPTED]
         return failed[0] if failed else results[0]

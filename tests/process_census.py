@@ -1,0 +1,38 @@
+"""Which processes a test's trial left alive, read from /proc (the tests' kill -9 and
+clean-up checks count real processes, not what the code under test says it started)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _state(entry: Path) -> str | None:
+    """The one-letter state of the process at ``entry`` (``/proc/PID``); None once gone."""
+    try:
+        return (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def child_pids_alive(pids: list[int]) -> list[int]:
+    """The ones of ``pids`` that still exist as live (non-zombie) processes."""
+    return [pid for pid in pids if _state(Path(f"/proc/{pid}")) not in (None, "Z")]
+
+
+def survivors(marker: Path, zombies: bool = False) -> list[int]:
+    """Live processes whose command line mentions ``marker`` (a test's own directory), and
+    unreaped ones with ``zombies``: a process the guard leaves unreaped would be init's to
+    reap."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state = _state(entry)
+        if str(marker).encode() in cmdline and state is not None and (zombies or state != "Z"):
+            found.append(int(entry.name))
+    return found
