@@ -22,7 +22,7 @@ from parsearch.backends import Backend
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress
-from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, create_and_run
+from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, start_campaign
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space
 
@@ -60,10 +60,9 @@ def run_campaign(
             strategy.close()
         raise
     settings = CampaignSettings(backend=backend.name, strategy=strategy.name, timeout_s=timeout_s)
-    return create_and_run(
+    return start_campaign(
         space,
         store,
-        space_path=space.source if Path(space.source).exists() else None,
         name=name,
         budget=budget,
         seed=seed,

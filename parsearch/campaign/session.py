@@ -131,6 +131,7 @@ def start_campaign(
     resume_overrides: dict[str, Any] | None = None,
     observers: Observers | None = None,
     backend: Backend | None = None,
+    parts: _Parts | None = None,
 ) -> SessionSummary:
     """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
     to :data:`DEFAULT_BUDGET`); a :class:`SearchSpace` built in memory (a scaling study's
@@ -141,48 +142,20 @@ def start_campaign(
     and ``budget`` (if given) as its new total. One command then serves every job of a
     chain, and opening the store to write first recovers it after a killed driver.
     ``backend``, when given, is used instead of one made from the settings, and left open
-    (a scaling study runs all its sizes on one MPI job's workers).
+    (a scaling study runs all its sizes on one MPI job's workers). ``parts`` (a strategy
+    and backend built by the caller, :func:`parsearch.campaign.api.run_campaign`) stand
+    for the settings' names; the campaign owns them from the call on: they are closed
+    whatever happens.
     """
-    space = space_path if isinstance(space_path, SearchSpace) else load_space(space_path)
-    if isinstance(space_path, SearchSpace):
-        space_path = space.source
-    if settings.machine:
-        space = apply_profile(space, settings.machine)
-    return create_and_run(
-        space,
-        store_path,
-        space_path=str(space_path),
-        name=name,
-        budget=budget,
-        seed=seed,
-        settings=settings,
-        progress=progress,
-        resume_overrides=resume_overrides,
-        observers=observers,
-        backend=backend,
-    )
-
-
-def create_and_run(
-    space: SearchSpace,
-    store_path: str | Path,
-    *,
-    space_path: str | None = None,
-    name: str | None = None,
-    budget: int | None = None,
-    seed: int = 0,
-    settings: CampaignSettings = CampaignSettings(),
-    progress: Progress | None = None,
-    resume_overrides: dict[str, Any] | None = None,
-    observers: Observers | None = None,
-    parts: _Parts | None = None,
-    backend: Backend | None = None,
-) -> SessionSummary:
-    """:func:`start_campaign` for a loaded space; ``parts`` (a strategy and backend built by
-    the caller, :func:`parsearch.campaign.api.run_campaign`) instead of the settings' names.
-    The campaign owns ``parts`` from the call on: they are closed whatever happens; a
-    ``backend`` given alone is borrowed and left open (see :func:`start_campaign`)."""
     try:
+        if isinstance(space_path, SearchSpace):
+            space = space_path
+            source = space.source if Path(space.source).exists() else None
+        else:
+            space = load_space(space_path)
+            source = str(space_path)
+        if settings.machine:
+            space = apply_profile(space, settings.machine)
         if budget is not None:
             _check_budget(budget)
         name = name or space.name
@@ -206,7 +179,7 @@ def create_and_run(
             campaign = store.get_campaign(name)
             if campaign.space != space.raw:
                 print(
-                    f"warning: {space_path} differs from the space campaign '{name}' was "
+                    f"warning: {source} differs from the space campaign '{name}' was "
                     "started with; it continues with the stored one",
                     file=sys.stderr,
                 )
@@ -223,7 +196,7 @@ def create_and_run(
             campaign = store.create_campaign(
                 name,
                 space.raw,
-                space_path=space_path,
+                space_path=source,
                 seed=seed,
                 budget=DEFAULT_BUDGET if budget is None else budget,
                 backend=settings.backend,
