@@ -27,9 +27,7 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -40,7 +38,7 @@ from parsearch.config import ModelSpec
 from parsearch.estimate.flops import flops_breakdown
 from parsearch.probe.plan import GroupPattern, ProbePlan
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers.builtin.__main__ import write_result
+from parsearch.trainers.builtin.__main__ import exit_after, write_result
 from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trainers.builtin.memory import peak_rss_bytes
 from parsearch.trainers.builtin.trainer import process_group
@@ -329,21 +327,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_and_exit() -> None:
-    """Run :func:`main` and leave at once with its status (as the trainer's ranks do: no
-    interpreter teardown of torch, no communicator destructor waiting on a lost peer)."""
-    code = 1
-    try:
-        code = main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 if __name__ == "__main__":
-    run_and_exit()
+    exit_after(main)

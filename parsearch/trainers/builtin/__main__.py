@@ -16,7 +16,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trial import TrialSpec
@@ -73,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_and_exit(argv: list[str] | None = None) -> None:
-    """Run :func:`main` and leave at once with its status, skipping the interpreter's
-    teardown of torch (0.5-1 s a rank on a small CPU; after a failure, communicator
-    destructors that could wait for peers stuck in a collective)."""
+    """Run :func:`main` as :func:`exit_after` does."""
+    exit_after(lambda: main(argv))
+
+
+def exit_after(main: Callable[[], int]) -> NoReturn:
+    """Run ``main`` and leave at once with its status, skipping the interpreter's teardown
+    of torch (0.5-1 s a rank on a small CPU; after a failure, communicator destructors that
+    could wait for peers stuck in a collective). Every rank program parsearch ships ends so."""
     code = 1
     try:
-        code = main(argv)
+        code = main()
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
         if exit_.code is not None and not isinstance(exit_.code, int):
