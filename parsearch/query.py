@@ -18,6 +18,7 @@ from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S
 from parsearch.errors import ParsearchError, StoreError
 from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import TrialState
+from parsearch.scaling import chosen_campaign
 from parsearch.store import (
     Campaign,
     CampaignStatus,
@@ -42,7 +43,7 @@ def open_campaign(
 ) -> Iterator[tuple[Store, Campaign]]:
     """The store (read-only) and the campaign ``name`` (default: the newest one)."""
     with open_store(store_path, readonly=True) as store:
-        yield store, store.get_campaign(name)
+        yield store, chosen_campaign(store, name)
 
 
 def results(store_path: str | os.PathLike[str], name: str | None = None) -> pd.DataFrame:
@@ -126,7 +127,7 @@ def stored_backend(store_path: str | Path, name: str | None) -> str | None:
     then reports why."""
     try:
         with open_store(store_path, readonly=True) as store:
-            return store.get_campaign(name).backend
+            return chosen_campaign(store, name).backend
     except StoreError:
         return None
 
@@ -141,7 +142,7 @@ def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
         raise WarmStartError(f"--warm-start: no store at {path}")
     try:
         with open_store(path, readonly=True) as store:
-            campaign = store.get_campaign(name)
+            campaign = chosen_campaign(store, name)
             trials = store.trials(campaign.id, states=[TrialState.OK, TrialState.OOM])
     except ParsearchError as error:
         raise WarmStartError(f"--warm-start {path}: {error}") from None

@@ -26,6 +26,18 @@ def child_name(parent: str, mode: str, nodes: int) -> str:
     return f"{parent}{STUDY_MARK}{mode}-{nodes}n"
 
 
+def chosen_campaign(store: Store, name: str | None) -> Campaign:
+    """Campaign ``name`` of ``store``, or without a name the newest search: a study's sizes
+    are children of a search, so they are never what a command that reads, continues or
+    scales "the" campaign means by default."""
+    if name is not None:
+        return store.get_campaign(name)
+    searches = [c for c in store.list_campaigns() if STUDY_MARK not in c.name]
+    if not searches:
+        return store.get_campaign(None)  # its error names the store
+    return max(searches, key=lambda c: (c.created_at, c.id))
+
+
 @dataclass(frozen=True)
 class StudyPoint:
     """What one size measured (``tokens_per_s`` None until its trial succeeds)."""

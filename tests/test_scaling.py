@@ -85,10 +85,15 @@ def test_weak_and_strong_studies_on_simulate(tmp_path, capsys):
     again = _study(capsys, store, "--nodes", "32,64,128", "--strong")
     assert again == strong
     assert all(len(trials) == 1 for trials in _children(store).values())
-    # The parent's report shows both studies, figure and table.
+    # Without --name, commands mean the search, never its newest study size.
+    capsys.readouterr()
+    assert main(["best", "--store", str(store), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["campaign"] == "gpt-175b-frontier"
+    assert main(["status", "--store", str(store), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["campaign"] == "gpt-175b-frontier"
+    # The parent's report (the default campaign) shows both studies, figure and table.
     out = tmp_path / "report"
-    assert main(["report", "--store", str(store), "--name", "gpt-175b-frontier", "--out",
-                 str(out)]) == 0  # fmt: skip
+    assert main(["report", "--store", str(store), "--out", str(out)]) == 0
     page = (out / "index.html").read_text()
     assert "Weak scaling study" in page and "Strong scaling study" in page
     assert (out / "scaling-weak.png").stat().st_size > 0

@@ -30,16 +30,16 @@ from parsearch.config import ParallelLayout
 from parsearch.errors import LayoutError, ParsearchError
 from parsearch.scaling import (
     MODES,
-    STUDY_MARK,
     ScalingStudy,
     StudyPoint,
     child_name,
+    chosen_campaign,
     last_finished,
     study_point,
     with_efficiency,
 )
 from parsearch.space import DEFAULT_TRIAL_TIMEOUT_S, SearchSpace, space_from_dict
-from parsearch.store import Campaign, CampaignStatus, Store, open_store
+from parsearch.store import Campaign, CampaignStatus, open_store
 
 
 class NoBestLayoutError(ParsearchError):
@@ -145,16 +145,6 @@ def _child_space(
     return space_from_dict(raw, source=f"scaling study of campaign '{parent.name}'")
 
 
-def parent_campaign(store: Store, name: str | None) -> Campaign:
-    """The campaign to scale: ``name``, or the newest that is not itself a study size."""
-    if name is not None:
-        return store.get_campaign(name)
-    parents = [c for c in store.list_campaigns() if STUDY_MARK not in c.name]
-    if not parents:
-        return store.get_campaign(None)  # its error names the store
-    return max(parents, key=lambda c: (c.created_at, c.id))
-
-
 def run_study(
     store_path: str | Path,
     *,
@@ -167,7 +157,7 @@ def run_study(
     """Run (or continue) the study; it stops at the first size a signal interrupts. Sizes
     already finished are read back, not run."""
     with open_store(store_path, readonly=True) as store:
-        parent = parent_campaign(store, name)
+        parent = chosen_campaign(store, name)
         best = store.best(parent.id)
         if best is None:
             raise NoBestLayoutError(

@@ -33,6 +33,7 @@ from parsearch.probe.profile import (
 )
 from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
+from parsearch.scaling import chosen_campaign
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
@@ -176,7 +177,7 @@ def start_campaign(
                     f"`parsearch resume --store {store_path} --name {name}` (or `run "
                     "--resume`), or pass another --name"
                 )
-            campaign = store.get_campaign(name)
+            campaign = chosen_campaign(store, name)
             if campaign.space != space.raw:
                 print(
                     f"warning: {source} differs from the space campaign '{name}' was "
@@ -240,7 +241,7 @@ def resume_campaign(
         )
     stop = StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
-        campaign = store.get_campaign(name)
+        campaign = chosen_campaign(store, name)
         return _continue(store, campaign, budget, overrides or {}, progress, stop, observers)
 
 

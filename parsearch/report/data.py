@@ -16,7 +16,7 @@ import pandas as pd
 from parsearch.config import ParallelLayout
 from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import FINISHED_STATES, TrialState
-from parsearch.scaling import ScalingStudy, read_studies
+from parsearch.scaling import ScalingStudy, chosen_campaign, read_studies
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, open_store
 
@@ -84,7 +84,7 @@ def load_report_data(store_path: str | Path, name: str | None = None) -> ReportD
     Read-only so that a report can be drawn from a login node while the driver writes.
     """
     with open_store(store_path, readonly=True) as store:
-        campaign = store.get_campaign(name)
+        campaign = chosen_campaign(store, name)
         trials = store.dataframe(campaign.id)
         failures = tuple(group_failures(store.trials(campaign.id, FAILURE_STATES)))
         studies = read_studies(store, campaign.name)
