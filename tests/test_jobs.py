@@ -27,7 +27,7 @@ import pytest
 
 from parsearch.cli import build_parser
 from parsearch.errors import StoreError
-from parsearch.search.candidates import Candidates
+from parsearch.search.strategy import make_strategy
 from parsearch.space import load_space
 from parsearch.store import open_store
 
@@ -211,8 +211,11 @@ def test_the_torchtitan_space_never_offers_what_torchtitan_refuses():
     assert "DDP has not supported > 1D parallelism" in reason and count > 0
     kept = plan.feasible + plan.predicted_oom
     assert any(layout.zero_stage == 0 for layout, _ in kept)  # 1-D DDP stays in the space
-    candidates = Candidates(space, plan, keep_predicted_oom=True)
-    assert not any(refused(candidate.layout) for candidate in candidates.ranked)
+    strategy = make_strategy("default", space, seed=0, keep_predicted_oom=True)
+    try:
+        assert not any(refused(candidate.layout) for candidate in strategy.candidates.ranked)
+    finally:
+        strategy.close()
     assert "huggingface" not in (ROOT / "search_spaces/torchtitan-llama3-8b-h100.yaml").read_text()
     assert "--training.dataset_path={c4}" in space.trainer["command"]
 

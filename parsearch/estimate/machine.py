@@ -44,9 +44,6 @@ class CollectiveFit:
     alpha_s: float
     beta_s_per_byte: float
 
-    def time_s(self, size_bytes: float) -> float:
-        return self.alpha_s + size_bytes * self.beta_s_per_byte
-
 
 @dataclass(frozen=True)
 class MemoryBaseline:

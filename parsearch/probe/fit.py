@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from parsearch.estimate.machine import CollectiveFit, GemmPoint, MachineProfile, MemoryBaseline
@@ -82,12 +81,3 @@ def tp_in_situ(space: SearchSpace, gemm: list[dict[str, Any]]) -> list[dict[str,
         }
         for tp, points in sorted(by_tp.items())
     ]
-
-
-def fit_error(sizes: list[float], times: list[float], fit: CollectiveFit) -> float:
-    """Largest relative error of the fit over the measured sizes."""
-    return max(
-        abs(fit.time_s(x) - t) / t
-        for x, t in zip(sizes, times, strict=True)
-        if t > 0 and math.isfinite(t)
-    )

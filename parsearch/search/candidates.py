@@ -15,7 +15,7 @@ from typing import Any
 
 from parsearch.config import ParallelLayout
 from parsearch.estimate import Prediction
-from parsearch.space import SearchSpace, SpacePlan
+from parsearch.space import SearchSpace
 
 
 @dataclass(frozen=True)
@@ -88,35 +88,3 @@ def layout_problems(space: SearchSpace, layout: ParallelLayout) -> list[str]:
                 f"{space.global_batch}"
             ]
     return space.violations(layout)
-
-
-class Candidates:
-    """The layouts a guided strategy may propose, ranked by predicted objective.
-
-    Feasible layouts come first; with ``keep_predicted_oom`` the layouts predicted to run
-    out of memory follow them (a user who distrusts the estimate still gets the promising
-    ones tried first).
-    """
-
-    def __init__(self, space: SearchSpace, plan: SpacePlan, *, keep_predicted_oom: bool):
-        objective = space.objective
-
-        def ranked(items: list[tuple[ParallelLayout, Prediction]]) -> list[Candidate]:
-            items = sorted(items, key=lambda item: -getattr(item[1], objective))
-            return [Candidate(layout, prediction) for layout, prediction in items]
-
-        self.space = space
-        self.ranked: list[Candidate] = ranked(plan.feasible)
-        if keep_predicted_oom:
-            self.ranked += ranked(plan.predicted_oom)
-        self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in self.ranked}
-
-    def __len__(self) -> int:
-        return len(self.ranked)
-
-    def __contains__(self, layout: ParallelLayout) -> bool:
-        return layout.key() in self.by_key
-
-    def points(self) -> list[dict[str, Any]]:
-        """Every candidate as a point of the searched dimensions, in rank order."""
-        return [point_of(self.space, c.layout) for c in self.ranked]
