@@ -14,7 +14,7 @@ from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.estimate import EstimateSettings, memory_per_rank, predict
 from parsearch.estimate.machine import CollectiveFit, GemmPoint, MachineProfile, MemoryBaseline
-from parsearch.estimate.timing import gemm_efficiency, tp_allreduce_s
+from parsearch.estimate.timing import gemm_efficiency, pipeline_slots, tp_allreduce_s
 from parsearch.probe.fit import alpha_beta
 from parsearch.probe.profile import (
     apply_profile,
@@ -87,6 +87,11 @@ def test_a_valid_profile_loads_with_units(tmp_path):
         (lambda d: d["collectives"][0].update(kind="tp"), "collectives[0].kind", "tp-intra-node"),
         (lambda d: d["allocation"].update(devices_per_node=8), "allocation", "1 x 4"),
         (lambda d: d.update(precision="bf16"), "precision", "fp32"),
+        (
+            lambda d: d["allocation"].update(compute_slots_per_node=0),
+            "allocation.compute_slots_per_node",
+            "integer >= 1",
+        ),
     ],
 )
 def test_bad_profile_exits_2_naming_the_field(tmp_path, capsys, change, field, says):
@@ -172,11 +177,52 @@ def test_campaign_records_the_profile_it_used(tmp_path):
     assert "machine profile test-machine" in (out / "index.html").read_text()
 
 
-def test_stored_profile_reads_back_as_it_was(tmp_path):
+@pytest.mark.parametrize("slots", [None, 2])
+def test_stored_profile_reads_back_as_it_was(tmp_path, slots):
     """A resumed campaign rebuilds its profile from the campaign's settings."""
-    profile = load_profile(write(tmp_path / "m.yaml", PROFILE))
+    data = copy.deepcopy(PROFILE)
+    if slots is not None:
+        data["allocation"]["compute_slots_per_node"] = slots
+    profile = load_profile(write(tmp_path / "m.yaml", data))
+    assert profile.compute_slots_per_node == slots
     again = profile_from_dict(profile_to_dict(profile), source=profile.path)
     assert again == profile
+
+
+@pytest.mark.parametrize(
+    ("microbatches", "share", "slots"),
+    [
+        (8, 1.0, 11.0),  # a device per rank: the bubble is idle time
+        (8, 0.5, 8.0),  # 4 ranks on 2 cores: the idle stages' cores fill the bubble
+        (4, 0.5, 4.0),  # critical path 7 slots at twice the speed = 3.5 < the work, 4
+        (2, 0.5, 2.5),  # a short pipeline is still bound by its critical path
+    ],
+)
+def test_ranks_sharing_cores_fill_the_pipeline_bubble(microbatches, share, slots):
+    """pp=4 (3 bubble slots): max(m, (m + 3) * share), computed by hand."""
+    assert pipeline_slots(microbatches, 3.0, share) == pytest.approx(slots)
+
+
+def test_a_cpu_profile_with_fewer_cores_than_ranks_shortens_pipelines_only():
+    model = ModelSpec(num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, seq_length=32)
+    allocation = AllocationSpec(
+        nodes=1, devices_per_node=4, device_memory_bytes=2**30, peak_flops_per_device=1e11
+    )
+    base = EstimateSettings(precision="fp32", framework="torch")
+    own = MachineProfile("m", 1, 4, "fp32", 1e11, gemm=(GemmPoint(1, 2, 32, 0.1),))
+    shared = MachineProfile(
+        "m", 1, 4, "fp32", 1e11, gemm=(GemmPoint(1, 2, 32, 0.1),), compute_slots_per_node=2
+    )
+    pipeline = ParallelLayout(tp=1, pp=4, dp=1, mbs=2, gas=8)
+    alone = predict(model, pipeline, allocation, with_machine(base, own, allocation))
+    sharing = predict(model, pipeline, allocation, with_machine(base, shared, allocation))
+    slot = alone.bubble_s / 3  # (pp - 1) slots of bubble
+    assert sharing.bubble_s == pytest.approx(0.0)  # max(8, 11 * 0.5) = 8 slots
+    assert alone.step_time_s - sharing.step_time_s == pytest.approx(3 * slot)
+    flat = ParallelLayout(tp=1, pp=1, dp=4, mbs=2, gas=2)
+    assert predict(model, flat, allocation, with_machine(base, shared, allocation)) == predict(
+        model, flat, allocation, with_machine(base, own, allocation)
+    )
 
 
 def test_mismatched_space_error_is_a_space_error(tmp_path):

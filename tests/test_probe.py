@@ -1,6 +1,7 @@
 """``parsearch probe`` on the local backend: two gloo ranks, through the node agent, write a
 profile that loads, matches the space and changes the estimate."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def test_probe_writes_a_profile_the_estimate_uses(space_file, tmp_path, capsys):
     assert ("pp-p2p", "send-recv") in kinds
     for fit in profile.collectives:
         assert fit.alpha_s >= 0 and fit.beta_s_per_byte > 0
+    # CPU ranks with one thread each (OMP_NUM_THREADS=1): one compute slot per core.
+    assert profile.compute_slots_per_node == len(os.sched_getaffinity(0))
     raw = yaml.safe_load(out.read_text())
     assert raw["measured"]["communication"] == "gloo" and raw["measured"]["backend"] == "local"
     assert len(raw["collectives"][0]["times"]) == len(raw["collectives"][0]["sizes"])

@@ -64,6 +64,9 @@ class MachineProfile:
     precision: str
     peak_flops_per_device: float
     gemm: tuple[GemmPoint, ...] = ()
+    # Ranks of a node that can compute at once (CPU cores / threads per rank). Set by a
+    # probe on CPU ranks only: a GPU rank computes on its own device, never shares it.
+    compute_slots_per_node: int | None = None
     collectives: tuple[CollectiveFit, ...] = ()
     memory: MemoryBaseline = MemoryBaseline()
     source: str = ""
@@ -85,3 +88,10 @@ class MachineProfile:
         if not fits:
             return None
         return min(fits, key=lambda fit: abs(fit.group_size - group_size))
+
+    def compute_share(self, ranks_per_node: int) -> float:
+        """Fraction of a rank's own compute speed it gets when every rank of its node
+        computes (1.0 unless the node has fewer compute slots than ranks)."""
+        if self.compute_slots_per_node is None:
+            return 1.0
+        return min(1.0, self.compute_slots_per_node / ranks_per_node)

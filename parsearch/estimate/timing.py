@@ -3,7 +3,8 @@
 Compute at an efficiency that grows with each matmul's size, stage by stage (the last stage
 also computes the logits and the loss, and the slowest stage sets the pipeline's pace);
 tensor-parallel collectives on the critical path (hierarchical when the group spans nodes);
-the pipeline bubble ``(pp-1)/vpp`` slots; blocking point-to-point transfers; and the
+the pipeline bubble ``(pp-1)/vpp`` slots (partly filled by the busy stages where ranks share
+a node's CPU cores); blocking point-to-point transfers; and the
 data-parallel traffic (once per step, or per micro-batch under ZeRO-3) hidden behind compute
 only as far as there is compute to hide it behind. A machine profile
 (:class:`~parsearch.estimate.machine.MachineProfile`) replaces the GEMM curve and the
@@ -260,6 +261,28 @@ def _dp_exposed_s(
     return traffic - settings.dp_overlap * min(traffic, backward)
 
 
+def _compute_share(
+    layout: ParallelLayout, allocation: AllocationSpec, settings: EstimateSettings
+) -> float:
+    """What a rank's compute speed is while all its node's ranks compute, as a fraction of
+    its speed alone (a profile's knowledge; 1.0 without one)."""
+    if settings.machine is None:
+        return 1.0
+    ranks_per_node = min(allocation.devices_per_node, layout.world_size)
+    return settings.machine.compute_share(ranks_per_node)
+
+
+def pipeline_slots(microbatches: int, bubble_slots: float, share: float) -> float:
+    """A pipeline step's length in micro-batch slots, a slot timed with every rank busy.
+
+    With a device per rank the bubble is idle time: ``microbatches + bubble_slots``. Where
+    ranks share a node's cores (``share`` < 1: CPU ranks outnumbering cores), a stage idle in
+    the bubble hands its core to the busy ones, which then run ``1/share`` times faster: the
+    step is bound by the critical path at that speed or by the node's total work, which is
+    ``microbatches`` slots of every rank at the shared speed, whichever is longer."""
+    return max(float(microbatches), (microbatches + bubble_slots) * share)
+
+
 def predict(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -297,7 +320,10 @@ def predict(
         p2p = 2 * (microbatches + pp - 1) * vpp * transfer
     dp_exposed = _dp_exposed_s(model, layout, allocation, settings, compute_slot)
 
-    step = (microbatches + bubble_slots) * slot + p2p + dp_exposed
+    pipeline = pipeline_slots(
+        microbatches, bubble_slots, _compute_share(layout, allocation, settings)
+    )
+    step = pipeline * slot + p2p + dp_exposed
     memory = memory_per_rank(model, layout, settings, schedule)
     model_flops = flops_breakdown(model, layout.global_batch, "none")["total"]
     tflops = model_flops / step / layout.world_size / 1e12
@@ -310,7 +336,7 @@ def predict(
         fits=memory.total <= allocation.device_memory_bytes,
         compute_s=microbatches * compute_slot,
         tp_comm_s=microbatches * tp_slot,
-        bubble_s=bubble_slots * slot,
+        bubble_s=(pipeline - microbatches) * slot,
         p2p_s=p2p,
         dp_comm_s=dp_exposed,
     )

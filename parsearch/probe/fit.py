@@ -50,6 +50,7 @@ def fit_profile(space: SearchSpace, measured: dict[str, Any], name: str) -> Mach
         precision=space.estimate.precision,
         peak_flops_per_device=space.allocation.peak_flops_per_device,
         gemm=gemm,
+        compute_slots_per_node=measured.get("compute_slots"),
         collectives=tuple(collectives),
         memory=MemoryBaseline(
             context_bytes=memory["context"],

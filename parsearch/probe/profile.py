@@ -3,7 +3,7 @@
 A profile file looks like::
 
     name: machine-node01
-    allocation: {nodes: 1, devices_per_node: 4}
+    allocation: {nodes: 1, devices_per_node: 4, compute_slots_per_node: 2}
     precision: fp32
     peak_tflops: 0.05
     measured: {by: parsearch probe, backend: local, ...}   # free-form: how
@@ -14,9 +14,10 @@ A profile file looks like::
          latency: 85us, bandwidth: 1.2GB/s}
     memory: {context: 0B, communicator_buffers: 0B, allocator_reserve: 0.0}
 
-``latency`` + ``bytes / bandwidth`` is the alpha-beta fit of one collective; ``memory`` is
-counted the way the trainer reports its peak (tensor bytes for the built-in trainer on CPU).
-Every error names the file and the field and exits 2.
+``compute_slots_per_node`` (CPU ranks only) is how many ranks of a node can compute at once:
+its cores over each rank's threads. ``latency`` + ``bytes / bandwidth`` is the alpha-beta fit
+of one collective; ``memory`` is counted the way the trainer reports its peak (tensor bytes
+for the built-in trainer on CPU). Every error names the file and the field and exits 2.
 """
 
 from __future__ import annotations
@@ -143,9 +144,10 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
     allocation = read.mapping(
         top["allocation"],
         "allocation",
-        ("nodes", "devices_per_node"),
+        ("nodes", "devices_per_node", "compute_slots_per_node"),
         ("nodes", "devices_per_node"),
     )
+    slots = allocation.get("compute_slots_per_node")
     gemm = []
     for index, item in enumerate(read.items(top["gemm"], "gemm")):
         where = f"gemm[{index}]"
@@ -197,6 +199,9 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
         precision=read.choice(top["precision"], "precision", _PRECISIONS),
         peak_flops_per_device=1e12 * read.number(top["peak_tflops"], "peak_tflops"),
         gemm=tuple(gemm),
+        compute_slots_per_node=(
+            None if slots is None else read.count(slots, "allocation.compute_slots_per_node")
+        ),
         collectives=tuple(collectives),
         memory=MemoryBaseline(
             context_bytes=read.size(memory["context"], "memory.context"),
@@ -240,6 +245,8 @@ def profile_to_dict(
         "precision": profile.precision,
         "peak_tflops": profile.peak_flops_per_device / 1e12,
     }
+    if profile.compute_slots_per_node is not None:
+        data["allocation"]["compute_slots_per_node"] = profile.compute_slots_per_node
     if measured:
         data["measured"] = measured
     elif profile.source:

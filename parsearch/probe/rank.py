@@ -316,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
                 "communication": "nccl" if device.type == "cuda" else "gloo",
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
+                # Ranks of this node that can compute at once; GPU ranks never share.
+                "compute_slots": (
+                    max(1, len(os.sched_getaffinity(0)) // torch.get_num_threads())
+                    if device.type == "cpu"
+                    else None
+                ),
                 "world_size": world,
                 "seconds": time.perf_counter() - began,
                 "host": os.uname().nodename,
