@@ -1,7 +1,8 @@
 """Each node of a trial gets a scratch directory of its own (``{trial_tmp}``,
 ``PARSEARCH_TRIAL_TMP`` and the variables named in ``PARSEARCH_TRIAL_TMP_VARS``, e.g.
 MIOpen's cache on Frontier) that exists while its ranks run and is gone when they end,
-whether the trial succeeded or failed.
+whether the trial succeeded or failed; one an agent could not remove (killed) goes with
+the next trial on the node.
 
 Trials run a small Python program through the real node agent; the program reports what
 it found and leaves a file in the directory, as a cache would.
@@ -10,6 +11,7 @@ it found and leaves a file in the directory, as a cache would.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -101,3 +103,15 @@ def test_a_leftover_is_emptied_and_the_space_s_own_setting_wins(tmp_path, tmpdir
     assert seen["env"]["MIOPEN_USER_DB_PATH"] == f"{scratch}/miopen-db"
     assert seen["env"]["MIOPEN_CUSTOM_CACHE_DIR"] == str(scratch)
     assert not scratch.exists()
+
+
+def test_a_dead_agent_s_scratch_directory_goes_with_the_next_trial(tmp_path, tmpdir_root):
+    left = subprocess.run(
+        [sys.executable, "-c",
+         "from parsearch.tempdirs import make_owned, owned_path\n"
+         "print(make_owned(owned_path('trial', 'x-n0')))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert Path(left).is_dir()  # its agent exited without removing it (as kill -9 would)
+    run(tmp_path, 0)
+    assert not Path(left).exists()
