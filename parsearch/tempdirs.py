@@ -48,3 +48,20 @@ def owned_tempdir(kind: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=f"parsearch-{kind}-p{os.getpid()}-"))
     (path / _OWNER_FILE).write_text(process_identity() or "")
     return path
+
+
+def owned_path(kind: str, tag: str) -> Path:
+    """``TMPDIR/parsearch-<kind>-p<pid>-<tag>``: where this process will make a directory
+    with :func:`make_owned`, known before it exists (a name a command template can hold).
+    ``tag`` must be unique within the process (e.g. a trial id and node rank)."""
+    return Path(tempfile.gettempdir()) / f"parsearch-{kind}-p{os.getpid()}-{tag}"
+
+
+def make_owned(path: Path) -> Path:
+    """Make ``path`` (from :func:`owned_path`) afresh, empty but for its owner marker, after
+    cleaning dead owners' directories; a leftover of an earlier attempt is removed first."""
+    remove_dead_owners(path.parent)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    (path / _OWNER_FILE).write_text(process_identity() or "")
+    return path

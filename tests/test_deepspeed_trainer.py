@@ -1,7 +1,8 @@
-"""DeepSpeed, a program nobody here wrote, on its CPU accelerator over gloo (dp 2, torchrun):
-a campaign over ZeRO stages 0-3 of search_spaces/examples/deepspeed/, whose stored metrics
-must be the numbers DeepSpeed printed and whose ds_config.json must round-trip through
-``parsearch best --format deepspeed``; and a kill -9 that leaves none of its processes.
+"""DeepSpeed, a program nobody here wrote, on its CPU accelerator over gloo (2 ranks, torchrun):
+one campaign of search_spaces/examples/deepspeed/ over ZeRO stages 0-3 (dp 2) and its
+pipeline engine (pp 2), whose stored metrics must be the numbers DeepSpeed printed and whose
+ds_config.json must round-trip through ``parsearch best --format deepspeed``; and a kill -9
+that leaves none of its processes.
 """
 
 from __future__ import annotations
@@ -20,30 +21,40 @@ SPACE = "deepspeed/deepspeed-zero-cpu.yaml"
 SEQ = 64
 
 
-def test_zero_stages_0_to_3_store_what_deepspeed_printed(tmp_path):
+def test_zero_stages_and_pipeline_store_what_deepspeed_printed(tmp_path):
     import deepspeed  # noqa: F401  (the dev extra installs it; a missing one must fail)
 
     space = example_space(SPACE, tmp_path)
     data = __import__("yaml").safe_load(space.read_text())
-    data["search"].update(zero_stage=[0, 1, 2, 3], mbs=2, gas=2)  # the four stages, once each
+    # pp 1 x the four stages, and pp 2 (dp 1, so ZeRO 0 only): five layouts, once each.
+    data["search"].update(zero_stage=[0, 1, 2, 3], mbs=2, gas=2)
     space.write_text(__import__("yaml").safe_dump(data, sort_keys=False))
     store = str(tmp_path / "ds.db")
-    parsearch("run", str(space), "--store", store, "--budget", "4", "--quiet",
+    parsearch("run", str(space), "--store", store, "--budget", "5", "--quiet",
               "--backend-opt", f"workdir={tmp_path / 'trials'}")  # fmt: skip
     frame = results(store)
-    assert sorted(frame["zero_stage"]) == [0, 1, 2, 3]
-    assert list(frame["state"]) == ["ok"] * 4, frame["error"].tolist()
+    layouts = sorted(zip(frame["pp"], frame["zero_stage"], strict=True))
+    assert layouts == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0)]
+    assert list(frame["state"]) == ["ok"] * 5, frame["error"].tolist()
     for _, trial in frame.iterrows():
         trial_dir = next((tmp_path / "trials").glob(f"*-{trial['number']:05d}-a1"))
         log = (trial_dir / "rank0.log").read_text()
-        printed = [float(v) for v in re.findall(r"CurrSamplesPerSec=([0-9.eE+-]+)", log)]
-        assert len(printed) == 4  # global steps 3-6: DeepSpeed leaves out its first two
+        if trial["pp"] == 1:  # the engine's ThroughputTimer, from global step 3 on
+            printed = [float(v) for v in re.findall(r"CurrSamplesPerSec=([0-9.eE+-]+)", log)]
+            assert len(printed) == 4
+            peak = max(float(v) for v in re.findall(r"MaxMemAllocated=([0-9.]+)GB", log))
+            assert trial["peak_mem_bytes"] == int(peak * 2**30)
+        else:  # the pipeline engine's train_batch line, every global step, no memory
+            printed = [float(v) for v in re.findall(r"^steps: \d+ .* samples/sec: (\S+)$", log,
+                                                    re.MULTILINE)]  # fmt: skip
+            assert len(printed) == 6
+            assert "CurrSamplesPerSec" not in log
+            assert trial["peak_mem_bytes"] != trial["peak_mem_bytes"]  # NaN: none printed
         expected = statistics.median(printed[1:]) * SEQ  # warmup_steps: 1
         assert trial["tokens_per_s"] == pytest.approx(expected, rel=1e-9)
-        peak = max(float(v) for v in re.findall(r"MaxMemAllocated=([0-9.]+)GB", log))
-        assert trial["peak_mem_bytes"] == int(peak * 2**30)
         written = json.loads((trial_dir / "ds_config.json").read_text())
         assert written["zero_optimization"]["stage"] == trial["zero_stage"]
+        assert written["train_batch_size"] == 2 * 2 * (2 // trial["pp"])
     best = json.loads(parsearch("best", "--store", store, "--format", "json"))
     exported = json.loads(parsearch("best", "--store", store, "--format", "deepspeed"))
     best_dir = next((tmp_path / "trials").glob(f"*-{best['trial']:05d}-a1"))

@@ -25,7 +25,7 @@ from parsearch.store import Campaign, TrialRecord
 from parsearch.trial import TrialSpec
 from parsearch.units import format_bytes
 
-RUNTIME_VALUES = ("master_addr", "master_port", "trial_dir", "launch_dir")
+RUNTIME_VALUES = ("master_addr", "master_port", "trial_dir", "trial_tmp", "launch_dir")
 
 
 class NoSuchTrialError(ParsearchError):

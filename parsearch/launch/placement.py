@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+from parsearch.tempdirs import owned_path
 from parsearch.trial import TrialSpec
 
 
@@ -34,6 +36,15 @@ class NodePlacement:
         object.__setattr__(self, "trial_dir", Path(self.trial_dir))
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "hosts", tuple(self.hosts))
+
+    @cached_property
+    def scratch_dir(self) -> Path:
+        """The node's scratch directory for the trial, under ``TMPDIR`` of the process that
+        runs the node (node-local where ``TMPDIR`` is), named after the trial and node: the
+        node agent makes it before the ranks start and removes it when they end, whatever
+        the outcome (a command trainer's ``{trial_tmp}``, the ranks' ``PARSEARCH_TRIAL_TMP``).
+        """
+        return owned_path("trial", f"{self.spec.trial_id}-n{self.node_rank}")
 
     def global_ranks(self) -> range:
         """The trial's ranks this node runs (the layout's, ``ranks_per_node`` a node)."""

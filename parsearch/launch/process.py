@@ -12,6 +12,14 @@ memory, hangs or crashes only ever kills its own processes, never a worker:
   command is started as a new program;
 * its stdout and stderr go to ``<trial_dir>/rank<N>.log``, never to a pipe that could fill up
   and block it; only a bounded tail of a log is ever read back;
+* each node of a trial gets a scratch directory of its own under ``TMPDIR``
+  (:attr:`~parsearch.launch.placement.NodePlacement.scratch_dir`), made before its ranks
+  start and removed when they end, whatever the outcome: ``PARSEARCH_TRIAL_TMP`` in the
+  ranks' environment, ``{trial_tmp}`` in a command template, and the value of every
+  variable named in ``PARSEARCH_TRIAL_TMP_VARS`` (the agent's own environment), e.g. a
+  library's cache that trials must not share or leave behind (MIOpen's, on Frontier). An
+  agent killed with ``kill -9`` leaves it to the next parsearch on the node
+  (:mod:`parsearch.tempdirs`);
 * ``spec.timeout_s`` is enforced; when one rank fails the others get ``grace_s`` seconds to
   finish or fail on their own (their logs then say why), then are killed, because a rank
   whose peer died may wait in a collective forever;
@@ -29,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +53,7 @@ from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult, TrialState
+from parsearch.tempdirs import make_owned
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
@@ -61,6 +72,10 @@ TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
 OK_TAIL_BYTES = 4 * 1024
 RENDEZVOUS_ATTEMPTS = 3
+# The ranks' variable naming their node's scratch directory for the trial, and the agent's
+# variable listing (space- or comma-separated) more variables to set to it.
+TRIAL_TMP_VAR = "PARSEARCH_TRIAL_TMP"
+TRIAL_TMP_VARS = "PARSEARCH_TRIAL_TMP_VARS"
 
 
 def free_port(host: str = "") -> int:
@@ -220,7 +235,17 @@ class NodeRun:
             tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
             tmp.write_text(text)
             tmp.replace(path)
+        make_owned(self.placement.scratch_dir)
         self._start = time.monotonic()
+        try:
+            self._start_ranks()
+        except BaseException:
+            if not self.ranks:  # else the caller kills them, which removes the directory
+                self._remove_scratch()
+            raise
+        return self
+
+    def _start_ranks(self) -> None:
         local_ranks = self.global_ranks()
         forked = self.forks_warm()
         for local, rank in enumerate(local_ranks):
@@ -233,7 +258,9 @@ class NodeRun:
             else:
                 process = SpawnedRank(self.command, env, log, self.cwd)
             self.ranks.append(_Rank(rank, process.pid, log, process))
-        return self
+
+    def _remove_scratch(self) -> None:
+        shutil.rmtree(self.placement.scratch_dir, ignore_errors=True)
 
     def forks_warm(self) -> bool:
         """Whether the ranks may be forked warm (:mod:`parsearch.launch.prefork`): the plan
@@ -247,8 +274,14 @@ class NodeRun:
 
     def rank_env(self, rank: int, local: int, local_world: int) -> dict[str, str]:
         """The environment of one rank: the plan's, the launcher variables torch, Megatron
-        and DeepSpeed read, and its device; then the plan's ``drop_env`` removed."""
+        and DeepSpeed read, and its device; then the plan's ``drop_env`` removed. The scratch
+        directory's variables come before the plan's, which may set them otherwise."""
         env = dict(os.environ)
+        scratch = str(self.placement.scratch_dir)
+        for var in re.split(r"[\s,]+", os.environ.get(TRIAL_TMP_VARS, "").strip()):
+            if var:
+                env[var] = scratch
+        env[TRIAL_TMP_VAR] = scratch
         env.update(self.plan.env)
         env.update(self.placement.env)
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -323,6 +356,7 @@ class NodeRun:
             code = rank.process.reap()
             if rank.exit_code is None:
                 rank.exit_code = code
+        self._remove_scratch()
         result = self._classify(forced, still_running)
         if self.plan.conclusion is not None:
             result = self.plan.conclusion.conclude(self, result)

@@ -65,6 +65,9 @@ PLACEHOLDERS: dict[str, str] = {
     "warmup_steps": "steps excluded from the measurement (trainer.warmup_steps)",
     "trial_dir": "this trial's directory (logs, generated files)",
     "trial_id": "the trial's identifier",
+    "trial_tmp": "this node's scratch directory for the trial under TMPDIR, made before the "
+    "ranks start and removed when they end, whatever the outcome (e.g. a cache trials must "
+    "not share)",
     "seed": "the trial's random seed",
     "num_layers": "model.num_layers",
     "hidden_size": "model.hidden_size",
@@ -112,9 +115,11 @@ def trial_values(
     steps: int,
     warmup_steps: int,
     hosts: Sequence[str] = (),
+    trial_tmp: Path | None = None,
 ) -> dict[str, Any]:
     """Every built-in placeholder's value for one node of one trial. ``hosts``: where the
-    trial's nodes run, node 0 first, as the backend knows them."""
+    trial's nodes run, node 0 first, as the backend knows them; ``trial_tmp``: the node's
+    scratch directory (``None`` where no node runs, e.g. a command shown: empty)."""
     layout, model = spec.layout, spec.model
     cap = spec.memory_cap_bytes or spec.allocation.device_memory_bytes
     return {
@@ -142,6 +147,7 @@ def trial_values(
         "warmup_steps": warmup_steps,
         "trial_dir": str(trial_dir),
         "trial_id": spec.trial_id,
+        "trial_tmp": str(trial_tmp) if trial_tmp is not None else "",
         "seed": spec.seed,
         "num_layers": model.num_layers,
         "hidden_size": model.hidden_size,

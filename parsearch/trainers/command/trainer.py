@@ -290,6 +290,7 @@ class CommandNode:
             master_port=placement.master_port,
             trial_dir=placement.trial_dir,
             hosts=list(placement.hosts),
+            trial_tmp=placement.scratch_dir,
         )
         self.launch = self.settings.section["launch"]
         self.per_node = self.launch in ("per_node", "single")
