@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ParsearchError as error:
         print(f"parsearch {args.command}: error: {error}", file=sys.stderr)
+        for note in getattr(error, "__notes__", ()):  # what was kept, how to go on
+            print(f"  {note}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print(f"parsearch {args.command}: interrupted", file=sys.stderr)
