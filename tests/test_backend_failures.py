@@ -14,7 +14,7 @@ import pytest
 from parsearch.backends import Finished
 from parsearch.backends.simulate import SimulateBackend, SimulateSettings
 from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space
 from parsearch.store import CampaignStatus, open_store
@@ -91,3 +91,13 @@ def test_a_backend_whose_poll_raises_stops_the_campaign_resumably(tmp_path):
         trials = {t.id: t for t in store.trials(campaign.id)}
     assert campaign.status is CampaignStatus.FINISHED and campaign.stop_reason is None
     assert all(trials[t.id] == t for t in kept)
+
+
+def test_a_backend_that_refuses_the_settings_leaves_the_campaign_as_it_was(tmp_path):
+    db = tmp_path / "s.db"
+    start_campaign(TINY, db, budget=2, settings=SIMULATE)
+    with pytest.raises(BackendOptionError, match="no option nope"):
+        resume_campaign(db, budget=4, overrides={"backend_options": {"nope": "1"}})
+    with open_store(db, readonly=True) as store:
+        campaign = store.get_campaign()
+    assert campaign.status is CampaignStatus.FINISHED and campaign.budget == 2

@@ -390,6 +390,11 @@ def _session(
             Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
         )
         _report_last_stop(campaign, progress)
+        # Built before the campaign changes: a backend that refuses the settings (a bad
+        # option, a cluster too small for one trial) leaves it as it was.
+        parts = parts or _Parts.build(space, settings, campaign.seed, backend)
+        # Closed before the lease is released: no trial outlives its driver's lease.
+        stack.callback(parts.close)
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,
@@ -401,9 +406,6 @@ def _session(
         )
         assert campaign.budget is not None  # start_campaign always sets one
         try:
-            parts = parts or _Parts.build(space, settings, campaign.seed, backend)
-            # Closed before the lease is released: no trial outlives its driver's lease.
-            stack.callback(parts.close)
             strategy = parts.strategy
             strategy.exclude(record.layout for record in history)
             finished = [r for r in history if r.state.finished]
@@ -433,8 +435,7 @@ def _session(
         except CampaignLockedError:
             raise  # another driver owns the campaign now: write nothing more
         except Exception as error:
-            if parts is not None:
-                parts.close()  # its trials stop before the campaign is marked stopped
+            parts.close()  # its trials stop before the campaign is marked stopped
             _record_failure(store, campaign, error)
             raise
         campaign = store.update_campaign(
