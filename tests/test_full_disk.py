@@ -11,6 +11,7 @@ tmpfs (ENOSPC, which SQLite reports as ``SQLITE_FULL``), where the test may moun
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -81,6 +82,9 @@ def _check_stopped_then_resumed(db: Path, failed: subprocess.CompletedProcess, w
     assert main(["status", "--store", str(db)]) == 0
     status = capsys.readouterr().out
     assert "(stopped;" in status and "stopped  at " in status and why in status
+    assert main(["status", "--store", str(db), "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert why in document["stop_reason"] and document["stopped_at"] is not None
 
     assert main(["resume", "--store", str(db)]) == 0
     out = capsys.readouterr()
