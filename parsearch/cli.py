@@ -1,19 +1,25 @@
 """The ``parsearch`` command line: one sub-command per module in :mod:`parsearch.commands`.
 
 Every :class:`~parsearch.errors.ParsearchError` is printed as one paragraph, without a
-traceback, and sets the exit code (2 for bad input).
+traceback, and sets the exit code (2 for bad input). A reader that stops reading
+(``parsearch plan ... | head``) ends the command quietly with 141, as SIGPIPE ends a C tool.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 
 from parsearch.commands import COMMANDS
 from parsearch.errors import ParsearchError
 from parsearch.version import __version__
+
+# 128 + SIGPIPE: what a shell reports for a tool its pipe's reader stopped.
+BROKEN_PIPE_EXIT = 141
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -46,15 +52,41 @@ def _command_of(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_of(argv))
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        args = parser.parse_args(argv)  # --help prints too
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe (a subprocess's, a socket's): a real failure
+        _silence_stdout()
+        return BROKEN_PIPE_EXIT
     except ParsearchError as error:
         print(f"parsearch {args.command}: error: {error}", file=sys.stderr)
+        for note in getattr(error, "__notes__", ()):  # what was kept, how to go on
+            print(f"  {note}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print(f"parsearch {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (``poll`` reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd (a test's capture), no poll
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at interpreter exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

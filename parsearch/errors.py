@@ -41,6 +41,12 @@ class StoreError(ParsearchError):
     """The results store cannot be opened, read or written."""
 
 
+class StoreFullError(StoreError):
+    """The store could not be written for want of space: a full filesystem, or a file size
+    limit (``ulimit -f``). Everything committed before is intact; freeing space and
+    ``parsearch resume`` continue the campaign."""
+
+
 class CampaignLockedError(StoreError):
     """Another live driver holds the campaign's lease.
 

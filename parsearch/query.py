@@ -172,6 +172,8 @@ def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup]
         "backend": campaign.backend,
         "created_at": campaign.created_at,
         "finished_at": campaign.finished_at,
+        "stop_reason": campaign.stop_reason,
+        "stopped_at": campaign.stopped_at,
         "driver": None
         if progress.driver is None
         else {

@@ -3,7 +3,10 @@ store created or changed — the issue's cases, then Hypothesis over option valu
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -131,3 +134,20 @@ def test_any_option_value_is_accepted_or_exits_2(tmp_path, capsys, option, value
     if code == 2:
         assert any(name in out.err for name in named), out.err
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM trials").fetchone() == before
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("command", [["plan", TINY, "--format", "csv"], ["plan", TINY]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(command):
+    """``parsearch plan ... | head``: the reader is gone before the command writes; exit 141
+    (SIGPIPE's, as a C tool's) and nothing on stderr, not a BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parsearch", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    process.stdout.close()  # before the command writes anything
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert stderr == ""

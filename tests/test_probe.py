@@ -1,15 +1,20 @@
 """``parsearch probe`` on the local backend: two gloo ranks, through the node agent, write a
 profile that loads, matches the space and changes the estimate."""
 
+import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from parsearch.cli import main
-from parsearch.probe.plan import plan_for
+from parsearch.launch.process import run_local
+from parsearch.probe.kind import ProbeKind
+from parsearch.probe.plan import plan_for, probe_spec
 from parsearch.probe.profile import apply_profile, load_profile
+from parsearch.result import TrialState
 from parsearch.space import load_space
 
 SPACE = {
@@ -77,3 +82,18 @@ def test_probe_writes_a_profile_the_estimate_uses(space_file, tmp_path, capsys):
     probed = apply_profile(space, out)
     assert probed.estimate.machine is not None
     assert probed.plan().feasible  # the probed estimate ranks the same layouts
+
+
+def test_a_probe_whose_rank_0_writes_no_result_is_an_error_naming_the_file(space_file, tmp_path):
+    """The probe's own plan and conclusion, its ranks exiting 0 without writing result.json
+    (as a probe program that crashed quietly would): an error naming the file, not an ok
+    probe without figures."""
+    space = load_space(space_file)
+    spec = probe_spec(space, plan_for(space), trial_id="probe", timeout_s=60)
+
+    def quiet_ranks(placement):
+        return dataclasses.replace(ProbeKind().plan(placement), argv=[sys.executable, "-c", ""])
+
+    result = run_local(spec, quiet_ranks, tmp_path / "probe")
+    assert result.status is TrialState.ERROR
+    assert result.error is not None and "result.json" in result.error

@@ -114,3 +114,38 @@ def test_kill_9_of_the_driver_leaves_no_process_of_the_trial(tmp_path, launch):
         driver.kill()
         driver.wait()
     wait_until_gone(pid_dir)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_kill_9_of_the_driver_ends_the_builtin_trainers_ranks_within_a_second_or_two(tmp_path):
+    """The built-in trainer's ranks are forks of the driver's fork server, which exits when
+    the driver's end of its pipe closes; it used to finalise its interpreter first (torch:
+    9-11 s on a loaded 2-core machine, all the while its ranks ran on)."""
+    tiny = ROOT / "search_spaces" / "tiny-cpu.yaml"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "parsearch", "run", str(tiny), "--store", "c.db",
+         "--budget", "1", "--quiet"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(victims := guard.descendants(driver.pid)) < 5:  # the server and 4 ranks
+            assert driver.poll() is None and time.monotonic() < deadline, "no trial started"
+            time.sleep(0.02)
+        time.sleep(0.3)  # into the trial
+    finally:
+        driver.kill()
+        killed = time.monotonic()
+        driver.wait()
+    while left := [pid for pid in victims if _alive(pid)]:
+        assert time.monotonic() - killed < 3.0, f"the trial's processes {left} outlive it"
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

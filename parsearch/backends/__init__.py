@@ -14,6 +14,12 @@ The protocol is in trials, not devices: the backend knows how many nodes a trial
 * ``mpi``: one worker rank per node; a trial takes ``spec.nodes`` free workers;
 * ``ray``: one placement group of ``spec.nodes`` bundles per trial.
 
+A backend that raises while concluding one trial (reading its ranks' results, merging them)
+reports that trial as an ``error`` naming the exception (:func:`conclusion_failed`): the
+fault is the trial's, and the campaign goes on. An exception out of :meth:`Backend.poll`
+itself names no trial: the driver takes the backend for broken and stops the campaign,
+marked stopped and resumable.
+
 A module ``parsearch.backends.<name>`` provides ``create(space, *, slots, options)``;
 ``options`` are the ``--backend-opt key=value`` strings, which the module validates (naming
 the valid keys). A backend whose processes all run the ``parsearch`` command (``mpi`` under
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from parsearch.errors import BackendError, BackendOptionError
-from parsearch.result import TrialResult
+from parsearch.result import TrialResult, TrialState
 from parsearch.trial import TrialSpec
 
 if TYPE_CHECKING:
@@ -84,6 +90,16 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The settings worth recording with the campaign (slots, options, hosts...)."""
+
+
+def conclusion_failed(backend: str, error: Exception) -> TrialResult:
+    """The result of a trial whose backend raised while concluding it: an ``error`` that
+    names the exception, so that the trial fails alone instead of the campaign."""
+    return TrialResult(
+        status=TrialState.ERROR,
+        error=f"backend '{backend}' failed while concluding the trial: "
+        f"{type(error).__name__}: {error}",
+    )
 
 
 def parse_options(pairs: Iterable[str]) -> dict[str, str]:
@@ -192,6 +208,7 @@ __all__ = [
     "Backend",
     "Finished",
     "check_options",
+    "conclusion_failed",
     "create_backend",
     "number_option",
     "parse_options",

@@ -22,6 +22,7 @@ Options (``--backend-opt key=value``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from parsearch.backends import Finished, check_options, positive_option
+from parsearch.backends import Finished, check_options, conclusion_failed, positive_option
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.guard import guarded
 from parsearch.launch.placement import NodePlacement
@@ -131,17 +132,27 @@ class LocalBackend:
             time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
 
     def _check(self, trial: _Trial) -> Finished | None:
-        """The trial's result once every node ended, or one failed (the others are killed)."""
-        result = trial.failed_to_start
+        """The trial's result once every node ended, or one failed (the others are killed);
+        an exception while concluding it is that trial's error, not the campaign's."""
+        try:
+            result = trial.failed_to_start or self._outcome(trial)
+        except Exception as error:
+            for run in trial.runs:
+                with contextlib.suppress(Exception):
+                    run.kill()
+            result = conclusion_failed(self.name, error)
         if result is None:
-            results = [run.poll() for run in trial.runs]
-            failed = [r for r in results if r is not None and not r.ok]
-            if not failed and any(r is None for r in results):
-                return None
-            results = [run.kill() for run in trial.runs]  # stop the nodes still running
-            result = merge_results(trial.spec, results)
+            return None
         self._release(trial)
         return Finished(trial.spec.trial_id, result)
+
+    def _outcome(self, trial: _Trial) -> TrialResult | None:
+        results = [run.poll() for run in trial.runs]
+        failed = [r for r in results if r is not None and not r.ok]
+        if not failed and any(r is None for r in results):
+            return None
+        results = [run.kill() for run in trial.runs]  # stop the nodes still running
+        return merge_results(trial.spec, results)
 
     def cancel(self, trial_id: str) -> None:
         trial = self._running.get(trial_id)

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsearch.backends import Finished, check_options, number_option
+from parsearch.backends import Finished, check_options, conclusion_failed, number_option
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import SearchSpace
@@ -149,8 +149,8 @@ class SimulateBackend:
         self.space = space
         self.settings = settings
         self._slots = slots
-        # (due time, submission number, trial id, slot, result): a heap ordered by due time.
-        self._running: list[tuple[float, int, str, int, TrialResult]] = []
+        # (due time, submission number, trial id, slot, spec): a heap ordered by due time.
+        self._running: list[tuple[float, int, str, int, TrialSpec]] = []
         self._free = list(range(slots))
         self._releasing: list[tuple[float, int]] = []  # (free again at, slot)
         self._submitted = 0
@@ -169,16 +169,14 @@ class SimulateBackend:
         if not self.free_slots():
             raise BackendError(f"simulate backend: all {self._slots} slots are busy")
         slot = self._free.pop()
-        result = simulate_trial(self.space, spec, self.settings)
-        result.hosts = [f"sim{slot}"]
         delay = self.settings.delay_s
         if self.settings.jitter:
             jitter = self.settings.jitter
             delay *= _trial_rng(spec, self.settings, "delay").uniform(1 - jitter, 1 + jitter)
         due = time.monotonic() + delay
-        heapq.heappush(self._running, (due, self._submitted, spec.trial_id, slot, result))
+        heapq.heappush(self._running, (due, self._submitted, spec.trial_id, slot, spec))
         self._submitted += 1
-        return list(result.hosts)
+        return [f"sim{slot}"]
 
     def poll(self, timeout_s: float) -> list[Finished]:
         if not self._running:
@@ -189,10 +187,20 @@ class SimulateBackend:
         now = time.monotonic()
         done = []
         while self._running and self._running[0][0] <= now:
-            _, _, trial_id, slot, result = heapq.heappop(self._running)
+            _, _, trial_id, slot, spec = heapq.heappop(self._running)
             self._releasing.append((now + self.settings.release_s, slot))
+            try:
+                result = self.outcome(spec)
+            except Exception as error:
+                result = conclusion_failed(self.name, error)
+            result.hosts = [f"sim{slot}"]
             done.append(Finished(trial_id, result))
         return done
+
+    def outcome(self, spec: TrialSpec) -> TrialResult:
+        """What the trial reports as it ends (a function of seed and layout alone, so taken
+        at the end as a real trial's is)."""
+        return simulate_trial(self.space, spec, self.settings)
 
     def cancel(self, trial_id: str) -> None:
         for item in self._running:

@@ -11,6 +11,10 @@ strategy all of them at once. Invariants:
   ``resume`` re-queues;
 * a driver whose lease was taken over stops at its next iteration (within ``poll_s``)
   and writes nothing more: no drain, no interrupted marks, no campaign status;
+* an exception out of the backend's ``poll`` names no trial, so the backend is taken for
+  broken: a :class:`BackendError` naming it and the exception ends the session, which marks
+  the campaign stopped (resumable); a backend that fails to conclude one trial reports that
+  trial as an error instead (:func:`parsearch.backends.conclusion_failed`);
 * a result with impossible figures (not finite, negative, above the peak FLOP/s or any
   addressable memory) is recorded as an ``error`` and told as a failure, never as a value.
 """
@@ -30,7 +34,7 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, Snapshot
 from parsearch.campaign.signals import StopRequest
 from parsearch.config import ParallelLayout
-from parsearch.errors import BackendError
+from parsearch.errors import BackendError, ParsearchError
 from parsearch.plausible import checked as plausible_result
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
@@ -139,7 +143,20 @@ class Driver:
                     continue
                 return self._complete(exhausted)
             self.progress.update(self.snapshot())
-            self._record(self.backend.poll(self._poll_timeout()))
+            self._record(self._poll(self._poll_timeout()))
+
+    def _poll(self, timeout_s: float) -> list[Finished]:
+        """The backend's finished trials; an exception it raises there (a bug, a lost
+        connection) as a :class:`BackendError` that names it."""
+        try:
+            return self.backend.poll(timeout_s)
+        except ParsearchError:
+            raise
+        except Exception as error:
+            raise BackendError(
+                f"backend '{self.backend.name}' failed while collecting finished trials "
+                f"({len(self.running)} running): {type(error).__name__}: {error}"
+            ) from error
 
     def _awaiting_room(self, exhausted: bool) -> bool:
         """Whether to wait (briefly, polling the backend) for a slot to free although no
@@ -152,7 +169,7 @@ class Driver:
             self._no_room_since = now
         if now - self._no_room_since >= ROOM_WAIT_S:
             return False
-        self.backend.poll(0.0)
+        self._poll(0.0)
         time.sleep(min(self.settings.poll_s, 0.05))
         return True
 
@@ -278,7 +295,7 @@ class Driver:
             if left <= 0:
                 break
             self.lease.check()
-            self._record(self.backend.poll(min(self.settings.poll_s, left)))
+            self._record(self._poll(min(self.settings.poll_s, left)))
             self.progress.update(self.snapshot())
         for trial_id in list(self.running):
             self.backend.cancel(trial_id)

@@ -68,11 +68,18 @@ class Lease:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
         if self._lost is None:
-            self.store.release_lease(self.campaign_id, self.owner)
+            try:
+                self.store.release_lease(self.campaign_id, self.owner)
+            except StoreError as error:
+                if exc_type is None:
+                    raise
+                # The error that ended the session (say a full disk) is the one to report;
+                # a lease left behind by an exited process is taken over at once.
+                log.warning("could not release the lease: %s", error)
 
     def check(self) -> None:
         """Raise :class:`CampaignLockedError` if another driver took the campaign over."""

@@ -13,6 +13,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_t
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
-from parsearch.errors import StoreError, UsageError
+from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, UsageError
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
 from parsearch.probe.profile import (
     apply_profile,
@@ -362,53 +363,61 @@ def _session(
         lease = stack.enter_context(
             Lease(store, campaign.id, stale_after_s=settings.lease_timeout_s)
         )
-        if campaign.status is CampaignStatus.RUNNING:
-            progress.message(
-                f"campaign '{campaign.name}' was left running by a driver that stopped without "
-                "finishing (killed, or an error such as a full disk); its unfinished trials "
-                "run again"
-            )
+        _report_last_stop(campaign, progress)
+        # Built before the campaign changes: a backend that refuses the settings (a bad
+        # option, a cluster too small for one trial) leaves it as it was.
+        parts = parts or _Parts.build(space, settings, campaign.seed, backend)
+        # Closed before the lease is released: no trial outlives its driver's lease.
+        stack.callback(parts.close)
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,
             budget=campaign.budget if budget is None else budget,
             status=CampaignStatus.RUNNING,
             finished_at=None,
+            stop_reason=None,
+            stopped_at=None,
         )
         assert campaign.budget is not None  # start_campaign always sets one
-        parts = parts or _Parts.build(space, settings, campaign.seed, backend)
-        # Closed before the lease is released: no trial outlives its driver's lease.
-        stack.callback(parts.close)
-        strategy, backend = parts.strategy, parts.backend
-        strategy.exclude(record.layout for record in history)
-        finished = [r for r in history if r.state.finished]
-        strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
-        strategy.tell([(r.layout, _told_value(r)) for r in finished])
-        progress.message(
-            f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
-            f"{settings.backend} ({backend.capacity} slots), strategy {settings.strategy}, "
-            f"{sum(r.state.finished for r in history)} trials done before"
-        )
-        driver = Driver(
-            store=store,
-            campaign=campaign,
-            space=space,
-            backend=backend,
-            strategy=strategy,
-            lease=lease,
-            settings=DriverSettings(
-                budget=campaign.budget, timeout_s=settings.timeout_s, grace_s=settings.grace_s
-            ),
-            stop=stop,
-            progress=progress,
-            observers=observers,
-        )
-        outcome = driver.run(history)
-        parts.close()
+        try:
+            strategy = parts.strategy
+            strategy.exclude(record.layout for record in history)
+            finished = [r for r in history if r.state.finished]
+            strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
+            strategy.tell([(r.layout, _told_value(r)) for r in finished])
+            progress.message(
+                f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
+                f"{settings.backend} ({parts.backend.capacity} slots), strategy "
+                f"{settings.strategy}, {len(finished)} trials done before"
+            )
+            driver = Driver(
+                store=store,
+                campaign=campaign,
+                space=space,
+                backend=parts.backend,
+                strategy=strategy,
+                lease=lease,
+                settings=DriverSettings(
+                    budget=campaign.budget, timeout_s=settings.timeout_s, grace_s=settings.grace_s
+                ),
+                stop=stop,
+                progress=progress,
+                observers=observers,
+            )
+            outcome = driver.run(history)
+            parts.close()
+        except CampaignLockedError:
+            raise  # another driver owns the campaign now: write nothing more
+        except Exception as error:
+            parts.close()  # its trials stop before the campaign is marked stopped
+            _record_failure(store, campaign, error)
+            raise
         campaign = store.update_campaign(
             campaign.id,
             status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,
             finished_at=time.time() if outcome.complete else None,
+            stop_reason=None if outcome.complete else outcome.value,
+            stopped_at=None if outcome.complete else time.time(),
         )
         return SessionSummary(
             campaign=campaign,
@@ -418,6 +427,51 @@ def _session(
             interrupted=driver.interrupted,
             elapsed_s=time.monotonic() - started,
         )
+
+
+def _report_last_stop(campaign: Campaign, progress: Progress) -> None:
+    """Say how the previous session ended, when it did not finish the campaign."""
+    if campaign.status is CampaignStatus.RUNNING:
+        progress.message(
+            f"campaign '{campaign.name}' was left running by a driver that stopped without "
+            "finishing (killed, or an error it could not record, such as a full disk); its "
+            "unfinished trials run again"
+        )
+    elif campaign.stop_reason and campaign.stopped_at is not None:
+        when = datetime.fromtimestamp(campaign.stopped_at).strftime("%Y-%m-%d %H:%M:%S")
+        progress.message(
+            f"campaign '{campaign.name}' stopped at {when}: {campaign.stop_reason}; its "
+            "unfinished trials run again"
+        )
+
+
+def _record_failure(store: Store, campaign: Campaign, error: Exception) -> None:
+    """Mark the campaign stopped with ``error`` as the reason, so that ``status`` and the next
+    driver say why, and add notes to ``error`` on what was kept and how to go on.
+
+    Best effort: a disk still full may refuse this write too (SQLite needs room for its
+    journal); the campaign then stays marked running, which ``status`` reports as a driver
+    that stopped without finishing, and the note says so.
+    """
+    reason = str(error) if isinstance(error, ParsearchError) else f"{type(error).__name__}: {error}"
+    try:
+        store.mark_interrupted(campaign.id)
+        store.update_campaign(
+            campaign.id,
+            status=CampaignStatus.STOPPED,
+            stop_reason=reason,
+            stopped_at=time.time(),
+        )
+        error.add_note(f"campaign '{campaign.name}' is marked stopped with this error")
+    except StoreError as failed:
+        error.add_note(
+            f"campaign '{campaign.name}' could not be marked stopped either ({failed}); "
+            "`parsearch status` shows it running with no driver"
+        )
+    error.add_note(
+        "every finished trial is kept in the store; unfinished ones run again when you continue "
+        f"with: parsearch resume --store {store.path} --name {campaign.name}"
+    )
 
 
 def _reopen(store: Store, campaign: Campaign) -> list[TrialRecord]:

@@ -87,7 +87,18 @@ def render_text(
     elif campaign.status is CampaignStatus.RUNNING:
         lines.append(
             "  driver   none: the last driver stopped without finishing (killed, or an error "
-            "such as a full disk); `parsearch resume` continues the campaign"
+            "it could not record, such as a full disk); `parsearch resume` continues the "
+            "campaign"
+        )
+    if campaign.status is CampaignStatus.STOPPED and campaign.stop_reason:
+        when = (
+            datetime.fromtimestamp(campaign.stopped_at).strftime("%Y-%m-%d %H:%M:%S")
+            if campaign.stopped_at is not None
+            else "?"
+        )
+        lines.append(
+            f"  stopped  at {when}: {campaign.stop_reason}; `parsearch resume` continues "
+            "the campaign"
         )
     if others:
         lines.append(f"  other campaigns in this store: {', '.join(others)}")

@@ -12,7 +12,8 @@ and stderr to its log file, the agent's environment, the trial directory as work
 directory.
 
 Lifetime: the server reads requests on its stdin, whose only writer is the agent's process;
-when that process ends (even by SIGKILL) the server sees end-of-file and exits, and every
+when that process ends (even by SIGKILL) the server sees end-of-file within its 50 ms poll
+and exits at once (``os._exit``, no interpreter clean-up), and every
 rank it forked is SIGKILLed by the kernel (``PR_SET_PDEATHSIG``, which the single-threaded
 server can safely be the parent for), so a worker that dies takes its trial's ranks with
 it. The server reaps its ranks and reports each exit code.
@@ -197,7 +198,9 @@ def serve(preload: list[str]) -> None:
             if ready:
                 chunk = os.read(0, 1 << 16)
                 if not chunk:  # the agent's process is gone: exit, the ranks die with us
-                    return
+                    # At once: finalising an interpreter that imported torch took 9-11 s
+                    # (measured, 2 cores busy with the ranks), which the ranks outlived.
+                    os._exit(0)
                 pending += chunk
             continue
         line, pending = pending.split(b"\n", 1)

@@ -22,7 +22,9 @@ class ProbeKind:
         raise SpaceError("a probe is started by `parsearch probe`", source=source, field="trainer")
 
     def plan(self, placement: NodePlacement) -> NodePlan:
-        return rank_program_plan(placement, "parsearch.probe.rank", required=False)
+        # Rank 0 always writes its result: without one the probe failed, it is not "ok with
+        # no figures" (the fit would find nothing to fit).
+        return rank_program_plan(placement, "parsearch.probe.rank")
 
     def merge(self, results: Sequence[TrialResult]) -> TrialResult:
         """A failure if any node failed, else node 0's result (rank 0 wrote it)."""

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from parsearch.errors import StoreError
+from parsearch.errors import StoreError, StoreFullError
 
 MEMORY = ":memory:"
+# A write failure with less than this free on the store's filesystem is taken for a full disk.
+LOW_SPACE_BYTES = 1 << 20
 
 
 class Database:
@@ -150,8 +153,12 @@ class Database:
         # A directory fails as CANTOPEN read-write but as IOERR read-only.
         if code.startswith("SQLITE_CANTOPEN") or (self.path != MEMORY and self.path.is_dir()):
             return StoreError(self._cannot_open())
-        if code == "SQLITE_FULL":
-            return StoreError(f"the filesystem of store {where} is full ({action})")
+        space = self._no_space() if code.startswith(("SQLITE_FULL", "SQLITE_IOERR")) else None
+        if code == "SQLITE_FULL" or space:
+            return StoreFullError(
+                f"no space left to write store {where} while {action}: "
+                f"{space or 'the disk is full'}"
+            )
         if code.startswith("SQLITE_IOERR"):
             return StoreError(
                 f"I/O error on store {where} while {action} ({exc}); if it lies on a network "
@@ -159,6 +166,31 @@ class Database:
                 f"with locks or to a local disk"
             )
         return StoreError(f"store {where}: {action} failed: {exc}")
+
+    def _no_space(self) -> str | None:
+        """Why a failed write was for want of space, if it was; else ``None``.
+
+        SQLite says ``SQLITE_FULL`` for ENOSPC only: a write cut short by the file size limit
+        (EFBIG) and a full filesystem that reports itself at fsync (some network ones) are
+        plain I/O errors, so the space is looked at after the fact.
+        """
+        if self.path == MEMORY:
+            return None
+        path = Path(self.path)
+        with contextlib.suppress(OSError):
+            stat = os.statvfs(path.parent)
+            free = stat.f_bavail * stat.f_frsize
+            if free < LOW_SPACE_BYTES:
+                return f"the disk is full ({free} bytes free on its filesystem)"
+        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit != resource.RLIM_INFINITY:
+            size = 0
+            for file in (path, Path(f"{path}-journal")):
+                with contextlib.suppress(OSError):
+                    size = max(size, file.stat().st_size)
+            if size + LOW_SPACE_BYTES > limit:
+                return f"it reached this process's file size limit (ulimit -f) of {limit} bytes"
+        return None
 
     def _cannot_open(self) -> str:
         """Why SQLite could not open the file, found out after the fact (no race, no cost)."""

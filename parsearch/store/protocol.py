@@ -80,8 +80,10 @@ class Store(Protocol):
         budget: int | None = ...,
         finished_at: float | None = ...,
         status: CampaignStatus | str = ...,
+        stop_reason: str | None = ...,
+        stopped_at: float | None = ...,
     ) -> Campaign:
-        """Change the given fields (``None`` clears budget or finished_at)."""
+        """Change the given fields (``None`` clears any but status)."""
         ...
 
     def acquire_lease(self, campaign_id: int, owner: str, *, stale_after_s: float) -> None:

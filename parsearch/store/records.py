@@ -45,6 +45,10 @@ class Campaign:
     created_at: float
     finished_at: float | None
     status: CampaignStatus
+    # Why and when it last stopped short of its budget (an error, a signal, its timeout);
+    # ``None`` while a driver runs it and once it finished.
+    stop_reason: str | None = None
+    stopped_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -164,10 +164,26 @@ def _v3_lease_fencing(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v4_stop_reason(conn: sqlite3.Connection) -> None:
+    """Record why a campaign stopped short of its budget, and when.
+
+    A driver that fails (a full disk, a backend that broke) used to leave its campaign marked
+    ``running`` with nothing to say why; ``status`` and the next driver now read the reason
+    (the error, or the signal or timeout that stopped it) from the campaign row. Both are
+    NULL while a driver runs it and once it finished.
+    """
+    for statement in (
+        "ALTER TABLE campaigns ADD COLUMN stop_reason TEXT",
+        "ALTER TABLE campaigns ADD COLUMN stopped_at REAL",
+    ):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "campaigns, trials and leases", _v1_tables),
     Migration(2, "indexed objective, tokens_per_s and peak_mem_bytes columns", _v2_query_columns),
     Migration(3, "lease generation (fencing), holder's threshold and process", _v3_lease_fencing),
+    Migration(4, "why and when a campaign stopped short of its budget", _v4_stop_reason),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

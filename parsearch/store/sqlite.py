@@ -247,13 +247,19 @@ class SQLiteStore:
         budget: int | None = _UNSET,
         finished_at: float | None = _UNSET,
         status: CampaignStatus | str = _UNSET,
+        stop_reason: str | None = _UNSET,
+        stopped_at: float | None = _UNSET,
     ) -> Campaign:
-        """Change the given fields (``None`` clears budget or finished_at) and return the result."""
+        """Change the given fields (``None`` clears any but status) and return the result."""
         changes: dict[str, Any] = {}
-        if budget is not _UNSET:
-            changes["budget"] = budget
-        if finished_at is not _UNSET:
-            changes["finished_at"] = finished_at
+        for column, value in (
+            ("budget", budget),
+            ("finished_at", finished_at),
+            ("stop_reason", stop_reason),
+            ("stopped_at", stopped_at),
+        ):
+            if value is not _UNSET:
+                changes[column] = value
         if status is not _UNSET:
             try:
                 changes["status"] = CampaignStatus(status).value

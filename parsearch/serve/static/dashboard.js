@@ -290,7 +290,7 @@ function drawProgress(data) {
   const d = s.driver;
   document.getElementById("driver").textContent = d
     ? `driver pid ${d.pid} on ${d.host}, heartbeat ${duration(d.silent_s)} ago${d.stale ? " — seems dead: parsearch resume takes over" : ""}`
-    : `backend ${s.backend}`;
+    : s.stop_reason ? `stopped: ${s.stop_reason}` : `backend ${s.backend}`;
 }
 
 function drawBest(data) {
