@@ -66,7 +66,10 @@ class TrialRecord:
 
     ``objective``, ``tokens_per_s`` and ``peak_mem_bytes`` are copies of figures in
     ``metrics`` kept as columns so that best / top / Pareto queries use an index;
-    ``objective`` is set for ok trials only.
+    ``objective`` is set for ok trials only. ``proxy_dp`` is set for a proxy trial: it ran
+    ``layout`` on ``proxy_dp`` data-parallel replicas, and its ``metrics`` (``objective``...)
+    are full-scale figures *predicted* from that run (``metrics["fidelity"]`` holds what it
+    measured); ``None`` for a trial measured at full scale.
     """
 
     id: int
@@ -89,10 +92,22 @@ class TrialRecord:
     predicted: dict[str, Any] | None
     error: str | None
     log_tail: str
+    proxy_dp: int | None = None
 
     @property
     def layout(self) -> ParallelLayout:
         return ParallelLayout.from_dict(self.config)
+
+    @property
+    def fidelity(self) -> str:
+        """``full`` (figures measured at full scale) or ``proxy`` (predicted from a proxy)."""
+        return "full" if self.proxy_dp is None else "proxy"
+
+    @property
+    def run_layout(self) -> ParallelLayout:
+        """The layout the trial runs: ``layout``, at ``proxy_dp`` replicas for a proxy."""
+        layout = self.layout
+        return layout if self.proxy_dp is None else dataclasses.replace(layout, dp=self.proxy_dp)
 
 
 # The tables' columns carry the records' field names, so each SELECT list is derived from
