@@ -166,7 +166,13 @@ def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup]
         "eta_s": progress.eta_s,
         "best": None
         if best is None
-        else {"trial": best.number, "objective": best.objective, "layout": best.config},
+        else {
+            "trial": best.number,
+            "objective": best.objective,
+            "layout": best.config,
+            "fidelity": best.fidelity,  # "proxy": predicted, no full-scale trial succeeded
+            "proxy_dp": best.proxy_dp,
+        },
         "objective_metric": campaign.objective_metric,
         "backend": campaign.backend,
         "created_at": campaign.created_at,

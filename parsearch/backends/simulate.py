@@ -179,10 +179,10 @@ class SimulateBackend:
     def submit(self, spec: TrialSpec) -> list[str]:
         if not self.room_for(spec.nodes):
             raise BackendError(
-                f"simulate backend: {len(self._free)} free nodes, trial {spec.trial_id} "
-                f"needs {spec.nodes}"
+                f"simulate backend: too busy for {spec.trial_id}: {len(self._free)} free "
+                f"nodes, it needs {spec.nodes}"
             )
-        self._free.sort(reverse=True)
+        self._free.sort()
         nodes = [self._free.pop() for _ in range(spec.nodes)]
         result = simulate_trial(self.space, spec, self.settings)
         result.hosts = [f"sim{nodes[0] // self._per_trial}"]

@@ -36,7 +36,14 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
-from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
+from parsearch.store import (
+    Campaign,
+    CampaignStatus,
+    Store,
+    TrialRecord,
+    fidelity_note,
+    open_store,
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class SessionSummary:
             lines.append(
                 f"best {campaign.objective_metric} {self.best.objective:.4g}: "
                 f"{self.best.layout.short()} (trial #{self.best.number})"
+                + (f"; {fidelity_note(self.best)}" if self.best.proxy_dp is not None else "")
             )
         else:
             lines.append("no trial succeeded yet")

@@ -17,7 +17,7 @@ from parsearch.failures import (
     group_failures,
 )
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
-from parsearch.store import CampaignStatus
+from parsearch.store import CampaignStatus, fidelity_note
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +65,8 @@ def render_text(
             best.layout if best else None,
             campaign.objective_metric,
         )
-        + (f" (trial #{best.number})" if best else ""),
+        + (f" (trial #{best.number})" if best else "")
+        + (f"; {fidelity_note(best)}" if best and best.proxy_dp is not None else ""),
     ]
     for i, group in enumerate(failures):
         count = len(group.trials)

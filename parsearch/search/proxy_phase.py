@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from parsearch.config import ParallelLayout
 from parsearch.estimate.proxy import (
@@ -47,9 +47,6 @@ from parsearch.estimate.proxy import (
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.optimizer import Objective
 from parsearch.search.strategy import Proposal, Strategy
-
-if TYPE_CHECKING:
-    from parsearch.space import SearchSpace
 
 
 class TrialLike(Protocol):
@@ -203,7 +200,8 @@ class ProxyPhase(Strategy):
             return None
         layout = record.layout
         proxy = dataclasses.replace(layout, dp=record.proxy_dp)
-        return ProxyPlan(layout, record.proxy_dp, nodes_for(proxy, self.space.allocation.devices_per_node))
+        per_node = self.space.allocation.devices_per_node
+        return ProxyPlan(layout, record.proxy_dp, nodes_for(proxy, per_node))
 
     def settle(self, finished: Sequence[tuple[TrialLike, TrialResult]]) -> None:
         """Learn from finished trials (as recorded, after :meth:`full_scale_result`) and

@@ -71,9 +71,10 @@ def trials_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     Columns: the trial's identity and state, the layout fields (``tp``, ``pp``, ...), the
     objective, ``fidelity`` (``full``: measured at full scale; ``proxy``: the objective and
     metrics are predicted from a run at ``proxy_dp`` replicas, whose own figures are the
-    ``fidelity.measured.*`` columns), times (UTC datetimes), ``hosts`` (comma-separated), ``error``, then each metric
-    under its own name (``metric.<name>`` if that name is taken above) and each prediction
-    as ``predicted.<name>``. Built column by column: a dict per row costs twice as long.
+    ``fidelity.measured.*`` columns), times (UTC datetimes), ``hosts`` (comma-separated),
+    ``error``, then each metric under its own name (``metric.<name>`` if that name is
+    taken above) and each prediction as ``predicted.<name>``. Built column by column: a
+    dict per row costs twice as long.
     """
     if not rows:
         frame = pd.DataFrame(columns=list(BASE_COLUMNS))

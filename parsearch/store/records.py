@@ -110,6 +110,16 @@ class TrialRecord:
         return layout if self.proxy_dp is None else dataclasses.replace(layout, dp=self.proxy_dp)
 
 
+def fidelity_note(record: TrialRecord) -> str:
+    """How a trial's figures were obtained, in the words every reader prints: measured at
+    full scale, or predicted from a proxy (whose own figures are ``metrics["fidelity"]``)."""
+    if record.proxy_dp is None:
+        return "measured at full scale"
+    nodes = (record.metrics.get("fidelity") or {}).get("nodes")
+    where = f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes else ""
+    return f"predicted from a proxy at dp{record.proxy_dp}{where}, not measured at full scale"
+
+
 # The tables' columns carry the records' field names, so each SELECT list is derived from
 # its dataclass and a row maps onto a record by position.
 _CAMPAIGN_FIELDS = [field.name for field in dataclasses.fields(Campaign)]

@@ -475,8 +475,8 @@ class SQLiteStore:
             ).fetchone()
             if existing:
                 raise StoreError(
-                    f"layout {layout.short()}{_proxy_words(proxy_dp)} is already trial #{existing[0]} "
-                    f"({existing[1]}) of campaign {campaign_id}; a layout runs once"
+                    f"layout {layout.short()}{_proxy_words(proxy_dp)} is already trial "
+                    f"#{existing[0]} ({existing[1]}) of campaign {campaign_id}; a layout runs once"
                 )
             now = time.time()
             cursor = conn.execute(
