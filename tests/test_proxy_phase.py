@@ -133,8 +133,9 @@ def test_the_last_trial_of_the_budget_is_a_confirmation():
     phase = ProxyPhase(Listed(space, layouts(space), n_seeds=4), budget=3)
     a, b = phase.ask(2)
     assert phase.ask(1) == []  # the reserved trial waits for what the proxies find
-    finish(phase, a, 2.0)
     finish(phase, b, 1.0)
+    assert phase.ask(1) == []  # for all of it
+    finish(phase, a, 2.0)
     (last,) = phase.ask(1)
     assert last.origin == "confirm" and last.layout == b.layout and last.proxy is None
 

@@ -156,8 +156,8 @@ class ProxyPhase(Strategy):
         if not waiting:
             return None
         key = max(waiting, key=lambda k: waiting[k])
-        if self._reserved():
-            return self._layouts[key]
+        if self._reserved():  # the best of every proxy started, once they are all in
+            return None if self._proxy_running else self._layouts[key]
         if self._full_running or len(self._predicted) < self.explore_first:
             return None
         best = max((v for v in self._measured.values() if v is not None), default=None)
