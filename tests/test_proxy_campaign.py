@@ -116,6 +116,9 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
     assert "fidelity measured at full scale" in _cli(capsys, "best", *store_args)
     status = json.loads(_cli(capsys, "status", *store_args, "--format", "json"))
     assert status["best"]["fidelity"] == "full" and status["best"]["trial"] == best.number
+    hours = status["node_hours"]  # apart: a proxy is a trial of the budget on fewer nodes
+    assert hours["full"] > 0 and hours["proxy"] > 0
+    assert "in proxies (each proxy is a trial of the budget)" in _cli(capsys, "status", *store_args)
     top = _cli(capsys, "top", *store_args, "-k", str(budget))
     assert "proxy dp" in top and "full" in top
     ranked = json.loads(_cli(capsys, "top", *store_args, "-k", "50", "--format", "json"))

@@ -105,27 +105,29 @@ def test_proposals_run_as_the_smallest_proxy_that_fits():
     assert proposal.proxy is not None and proposal.proxy.dp == 2  # ZeRO shards over >= 2
 
 
-def test_the_best_proxy_is_confirmed_once_the_seeds_are_in_then_only_a_clear_gain():
+def test_the_first_wave_is_confirmed_when_all_in_then_only_a_clear_gain():
     space = cpu_space()
     phase = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=20, margin=0.05)
     a, b = phase.ask(2)
     assert a.proxy and b.proxy
-    finish(phase, a, 2.0)
-    (c,) = phase.ask(1)
-    assert c.proxy is not None  # one proxy result is not yet a ranking
-    fast, _ = finish(phase, b, 1.0)
+    finish(phase, b, 1.0)
+    assert phase.ask(1) == []  # no later proxy holds the first confirmation back
+    slow, _ = finish(phase, a, 0.5)
     (confirm,) = phase.ask(1)
-    assert confirm.origin == "confirm" and confirm.proxy is None and confirm.layout == b.layout
-    (d,) = phase.ask(1)
-    assert d.proxy is not None  # no second confirmation while one runs
-    finish(phase, confirm, fast.objective)  # the proxy predicted it right
+    assert confirm.origin == "confirm" and confirm.proxy is None and confirm.layout == a.layout
+    assert phase.ask(1) == []  # it holds the allocation
+    finish(phase, confirm, slow.objective)  # the proxy predicted it right
     assert phase.correction == pytest.approx(1.0)
-    finish(phase, c, 0.98)  # 2% faster: within the margin, not confirmed
+    c, d = phase.ask(2)
+    assert c.proxy is not None and d.proxy is not None
+    finish(phase, c, 0.49)  # 2% faster: within the margin, not confirmed
     (e,) = phase.ask(1)
     assert e.proxy is not None
-    finish(phase, d, 0.5)  # twice as fast: confirmed next
+    finish(phase, d, 0.25)  # twice as fast: confirmed next
     (again,) = phase.ask(1)
     assert again.origin == "confirm" and again.layout == d.layout
+    (f,) = phase.ask(1)
+    assert f.proxy is not None  # proxies go on beside a later confirmation
 
 
 def test_the_last_trial_of_the_budget_is_a_confirmation():
@@ -182,14 +184,14 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     space = cpu_space()
     live = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
     history: list[Record] = []
-    for step in (2.0, 1.0):
-        (proposal,) = live.ask(1)
+    for proposal, step in zip(live.ask(2), (2.0, 1.0), strict=True):
         history.append(finish(live, proposal, step)[0])
     (confirm,) = live.ask(1)
     assert confirm.origin == "confirm"
     history.append(finish(live, confirm, 3 * history[1].objective)[0])
-    (running,) = live.ask(1)  # left queued by a killed driver
+    running, _ = live.ask(2)  # left queued by a killed driver, and one finished
     history.append(Record(running.layout, running.proxy.dp if running.proxy else None))
+    history.append(finish(live, _, 0.7)[0])
     resumed = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
     resumed.replay(history)
     assert resumed.correction == pytest.approx(live.correction) == pytest.approx(3.0)

@@ -68,6 +68,12 @@ def render_text(
         + (f" (trial #{best.number})" if best else "")
         + (f"; {fidelity_note(best)}" if best and best.proxy_dp is not None else ""),
     ]
+    hours = progress.node_hours
+    if hours["proxy"] or campaign.settings.get("proxy"):
+        lines.append(
+            f"  node-h   {hours['full']:.3g} at full scale, {hours['proxy']:.3g} in proxies "
+            "(each proxy is a trial of the budget)"
+        )
     for i, group in enumerate(failures):
         count = len(group.trials)
         lines.append(

@@ -11,8 +11,9 @@ learnt from confirmations.
 
 Confirmations are full-scale trials of layouts a proxy measured, best predicted first:
 
-* the first once ``explore_first`` proxies have succeeded (the wrapped strategy's seeds:
-  before that the ranking is the estimate's, not a measurement's);
+* the first once the first ``explore_first`` proxies (the wrapped strategy's first seeds,
+  which differ in tp and pp) are all in: no other proxy starts before it, since a
+  confirmation needs the whole allocation and a later, longer proxy would hold it back;
 * another whenever a proxy is predicted more than ``margin`` above the best confirmed
   figure (one confirmation at a time, so each learns from the last's correction);
 * the last trial of the budget is a confirmation while none has succeeded, so that a
@@ -81,7 +82,7 @@ class ProxyPhase(Strategy):
         self.inner = inner
         self.budget = budget
         self.margin = margin
-        self.explore_first = explore_first or int(getattr(inner, "n_seeds", 4))
+        self.explore_first = explore_first or min(4, int(getattr(inner, "n_seeds", 4)))
         self._made = 0  # trials started (proxies and full scale), against the budget
         self._layouts: dict[str, ParallelLayout] = {}
         self._predicted: dict[str, float] = {}  # full key -> uncorrected full-scale objective
@@ -124,6 +125,9 @@ class ProxyPhase(Strategy):
             if self._proxy_running or self._full_running:
                 return None  # the last trial confirms what the running proxies find
             return next(iter(self.inner.ask(1)), None)  # nothing to confirm: full scale
+        first_wave = not self._measured and len(self._layouts) >= self.explore_first
+        if first_wave and (self._proxy_running or self._full_running):
+            return None  # the first wave decides the first confirmation: nothing delays it
         for proposal in self.inner.ask(1):
             measured = self._measure(proposal.layout, proposal.origin, 1)
             return dataclasses.replace(measured, prediction=proposal.prediction)
@@ -140,10 +144,23 @@ class ProxyPhase(Strategy):
         return None if self.budget is None else self.budget - self._made
 
     def _reserved(self) -> bool:
-        """Whether what is left of the budget is kept for a confirmation (none succeeded)."""
+        """Whether what is left of the budget is kept for a confirmation: the last trial
+        confirms the best proxy predicted above every confirmed figure (or any, while none
+        succeeded), once every running proxy is in."""
         left = self._left()
-        confirmed = any(value is not None for value in self._measured.values())
-        return left is not None and left <= 1 and not confirmed
+        if left is None or left > 1:
+            return False
+        best = max((v for v in self._measured.values() if v is not None), default=None)
+        correction = self.correction
+        return (
+            best is None
+            or any(
+                value * correction > best
+                for key, value in self._predicted.items()
+                if key not in self._measured and key not in self._judged
+            )
+            or bool(self._proxy_running)
+        )
 
     def _confirmation(self) -> ParallelLayout | None:
         """The next layout to confirm at full scale, if now is the time for one."""
@@ -157,8 +174,13 @@ class ProxyPhase(Strategy):
             return None
         key = max(waiting, key=lambda k: waiting[k])
         if self._reserved():  # the best of every proxy started, once they are all in
-            return None if self._proxy_running else self._layouts[key]
-        if self._full_running or len(self._predicted) < self.explore_first:
+            best = max((v for v in self._measured.values() if v is not None), default=None)
+            if self._proxy_running or (best is not None and waiting[key] <= best):
+                return None
+            return self._layouts[key]
+        if self._full_running or (
+            len(self._predicted) < self.explore_first and self._proxy_running
+        ):
             return None
         best = max((v for v in self._measured.values() if v is not None), default=None)
         if best is None or waiting[key] > best * (1 + self.margin):

@@ -152,6 +152,10 @@ class Store(Protocol):
         """How many trials are in each state (every state present, zeros included)."""
         ...
 
+    def device_seconds(self, campaign_id: int) -> dict[str, float]:
+        """Device-seconds the trials ran, by fidelity (``full``, ``proxy``)."""
+        ...
+
     def best(self, campaign_id: int, *, max_mem_bytes: float | None = None) -> TrialRecord | None:
         """The ok trial with the highest objective, optionally within a peak-memory cap;
         measured at full scale unless no full-scale trial succeeded (then a proxy's)."""

@@ -654,6 +654,21 @@ class SQLiteStore:
         counts.update({TrialState(state): n for state, n in rows})
         return counts
 
+    def device_seconds(self, campaign_id: int) -> dict[str, float]:
+        """Device-seconds the campaign's trials ran (their duration times the devices of the
+        layout they ran), by fidelity: ``full`` and ``proxy``; one aggregate query."""
+        with self._transaction(f"adding up the trials of {campaign_id}", write=False) as c:
+            rows = c.execute(
+                "SELECT proxy_dp IS NULL, SUM(duration_s * json_extract(config, '$.tp') * "
+                "json_extract(config, '$.pp') * COALESCE(proxy_dp, json_extract(config, '$.dp'))) "
+                "FROM trials WHERE campaign_id = ? AND duration_s IS NOT NULL GROUP BY 1",
+                (campaign_id,),
+            ).fetchall()
+        totals = {"full": 0.0, "proxy": 0.0}
+        for full, total in rows:
+            totals["full" if full else "proxy"] = float(total or 0.0)
+        return totals
+
     # -- queries ------------------------------------------------------------------------------
 
     def best(self, campaign_id: int, *, max_mem_bytes: float | None = None) -> TrialRecord | None:
