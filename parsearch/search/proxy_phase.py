@@ -23,7 +23,8 @@ Each confirmation gives a (predicted, measured) pair, and the correction is thei
 geometric mean ratio (:func:`~parsearch.estimate.proxy.learned_correction`). A proxy that
 ran out of memory condemns its layout only when nothing is dp-sharded
 (:func:`~parsearch.estimate.proxy.proxy_oom_is_full_scale`); otherwise the layout is
-measured again on the next larger proxy, or at full scale.
+measured again on the next larger proxy, or, with none smaller than the allocation, given
+up as out of memory (full-scale trials are kept for confirmations).
 
 The state is rebuilt from the store's trials on resume (:meth:`ProxyPhase.replay`), in
 trial order, so a resumed campaign decides as the interrupted one would have.
@@ -235,8 +236,10 @@ class ProxyPhase(Strategy):
             value = result.objective(self.space.objective)
             if record.proxy_dp is not None:
                 self._proxy_running.discard(key)
-                if result.status is TrialState.OOM and not self._condemns(record):
-                    self._retry[key] = record.proxy_dp + 1
+                # Not a verdict when the smaller shard may be why: a larger proxy tells. With
+                # none, only a full-scale trial could, and those are kept for confirmations:
+                # the wrapped strategy hears it ran out.
+                if result.status is TrialState.OOM and self._retried(record):
                     continue
                 if isinstance(value, float):
                     correction = float(result.metrics.get("fidelity", {}).get("correction", 1))
@@ -255,6 +258,17 @@ class ProxyPhase(Strategy):
         if told:
             self.inner.observe(observed)
             self.inner.tell(told)
+
+    def _retried(self, record: TrialLike) -> bool:
+        """Whether a proxy's out-of-memory is measured again on a larger proxy (when
+        nothing condemns the layout and one is left)."""
+        space, dp = self.space, record.proxy_dp
+        if dp is None or self._condemns(record):
+            return False
+        if choose_proxy(space.model, record.layout, space.allocation, space.estimate, dp + 1):
+            self._retry[record.layout.key()] = dp + 1
+            return True
+        return False
 
     def _condemns(self, record: TrialLike) -> bool:
         plan = self._plan(record)
