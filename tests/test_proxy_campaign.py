@@ -61,10 +61,10 @@ def _cli(capsys, *args: str) -> str:
 @pytest.mark.slow
 def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_path, capsys):
     db = tmp_path / "c.db"
-    budget = 14
+    budget = 10
     run = _parsearch(
         "run", GPT175, "--store", str(db), "--backend", "simulate", "--proxy",
-        "--budget", str(budget), "--backend-opt", "delay=0.5", "--backend-opt", "jitter=0.5",
+        "--budget", str(budget), "--backend-opt", "delay=0.3", "--backend-opt", "jitter=0.5",
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while True:  # kill it once proxies have finished and others run
