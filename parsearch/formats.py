@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from parsearch.errors import ParsearchError
-from parsearch.store import Campaign, TrialRecord
+from parsearch.store import Campaign, TrialRecord, fidelity_note
 from parsearch.units import format_bytes
 
 Formatter = Callable[[TrialRecord, Campaign], str]
@@ -43,11 +43,15 @@ def format_layout(record: TrialRecord, campaign: Campaign, fmt: str) -> str:
 
 
 def trial_document(record: TrialRecord, campaign: Campaign) -> dict[str, Any]:
-    """A trial as plain data: what the json and yaml formats print."""
+    """A trial as plain data: what the json and yaml formats print. ``fidelity`` is
+    ``full`` (figures measured at full scale) or ``proxy`` (``objective`` and ``metrics``
+    predicted from a run at ``proxy_dp`` replicas, measured in ``metrics.fidelity``)."""
     return {
         "campaign": campaign.name,
         "trial": record.number,
         "state": record.state.value,
+        "fidelity": record.fidelity,
+        "proxy_dp": record.proxy_dp,
         "objective": {"metric": campaign.objective_metric, "value": record.objective},
         "layout": record.config,
         "metrics": record.metrics,
@@ -75,6 +79,10 @@ def _text(record: TrialRecord, campaign: Campaign) -> str:
         f"  layout   {layout.short()}",
         "           " + ", ".join(f"{key} {value}" for key, value in layout.to_dict().items()),
     ]
+    if record.proxy_dp is not None:
+        lines.append(f"  fidelity {fidelity_note(record)} (no full-scale trial succeeded)")
+    elif campaign.settings.get("proxy"):
+        lines.append(f"  fidelity {fidelity_note(record)}")
     for name in dict.fromkeys((metric, "tokens_per_s", "tflops_per_device", "mfu", "step_time_s")):
         if metrics.get(name) is not None:
             lines.append(

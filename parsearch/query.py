@@ -65,6 +65,15 @@ class CampaignProgress:
     rate_per_s: float | None
     driver: LeaseHolder | None = None
     read_at: float = 0.0
+    device_seconds: dict[str, float] | None = None  # by fidelity: full, proxy
+
+    @property
+    def node_hours(self) -> dict[str, float]:
+        """Node-hours the trials ran, measured at full scale and as proxies apart (a proxy
+        counts as one trial of the budget, on fewer nodes)."""
+        per_node = int(self.campaign.space.get("allocation", {}).get("devices_per_node", 1))
+        spent = self.device_seconds or {}
+        return {kind: spent.get(kind, 0.0) / per_node / 3600 for kind in ("full", "proxy")}
 
     @property
     def driver_silent_s(self) -> float | None:
@@ -117,6 +126,7 @@ def campaign_progress(store: Store, campaign: Campaign) -> CampaignProgress:
         rate_per_s=rate,
         driver=store.lease_holder(campaign.id),
         read_at=time.time(),
+        device_seconds=store.device_seconds(campaign.id),
     )
 
 
@@ -165,9 +175,16 @@ def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup]
             for group in failures
         ],
         "eta_s": progress.eta_s,
+        "node_hours": progress.node_hours,  # {"full": ..., "proxy": ...}
         "best": None
         if best is None
-        else {"trial": best.number, "objective": best.objective, "layout": best.config},
+        else {
+            "trial": best.number,
+            "objective": best.objective,
+            "layout": best.config,
+            "fidelity": best.fidelity,  # "proxy": predicted, no full-scale trial succeeded
+            "proxy_dp": best.proxy_dp,
+        },
         "objective_metric": campaign.objective_metric,
         "backend": campaign.backend,
         "created_at": campaign.created_at,

@@ -366,3 +366,30 @@ def test_a_worker_lost_for_silence_comes_back_when_it_answers_again(tmp_path):
         if node["started_at"] > paused["resumed_at"]
     ]  # fmt: skip
     assert any(node["pid"] == paused["pid"] for node in later), "it ran trials again"
+
+
+def test_proxies_run_two_at_once_on_four_nodes_then_one_confirms_at_full_scale(tmp_path):
+    """``mpiexec -n 5``: the driver and four one-device nodes. Under ZeRO-1 a proxy keeps
+    two replicas (two nodes), so two proxies fill the allocation; the budget's last trial
+    confirms the better one on all four."""
+    space = SPACE.replace("NODES", "4").replace("STEPS", "2")
+    space = space.replace("recompute: [none, full]}", "recompute: [none, full], zero_stage: 1}")
+    (tmp_path / "space.yaml").write_text(space)
+    args = [str(BIN / "parsearch"), "run", "space.yaml", "--store", "x.db", "--backend", "mpi"]
+    args += ["--budget", "3", "--proxy", "--backend-opt", f"workdir={tmp_path / 'work'}"]
+    done = mpiexec(5, args, tmp_path, 240)
+    assert done.returncode == 0, done.stdout
+    assert "budget reached; 3/3 trials finished (ok 3)" in done.stdout
+    first, second, confirm = trials(tmp_path / "x.db")
+    assert first["proxy_dp"] == second["proxy_dp"] == 2
+    assert len(json.loads(first["hosts"])) == len(json.loads(second["hosts"])) == 2
+    assert (
+        first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]
+    )
+    assert confirm["proxy_dp"] is None and confirm["origin"] == "confirm"
+    assert len(json.loads(confirm["hosts"])) == 4
+    assert confirm["config"] in (first["config"], second["config"])
+    workers = {node["pid"] for p in (tmp_path / "work").iterdir() for node in node_files(p)}
+    assert len(workers) == 4  # both proxies' nodes were distinct workers
+    measured = json.loads(first["metrics"])["fidelity"]["measured"]
+    assert measured["world_size"] == 2 and json.loads(confirm["metrics"])["world_size"] == 4

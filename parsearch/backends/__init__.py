@@ -102,6 +102,18 @@ def conclusion_failed(backend: str, error: Exception) -> TrialResult:
     )
 
 
+def room_for(backend: Backend, nodes: int) -> int:
+    """How many more trials of ``nodes`` nodes ``backend`` accepts now.
+
+    Backends that place trials on nodes (``mpi``, ``ray``, ``simulate``) define
+    ``room_for(nodes)``, so trials smaller than the allocation (proxies) share its nodes;
+    for the others a slot holds a trial whatever its size (``local`` runs every node of a
+    trial on this machine, ``--slots`` at once), and this is :meth:`Backend.free_slots`.
+    """
+    sized = getattr(backend, "room_for", None)
+    return int(sized(nodes)) if sized is not None else backend.free_slots()
+
+
 def parse_options(pairs: Iterable[str]) -> dict[str, str]:
     """``["delay=0.5", "noise=0"]`` → ``{"delay": "0.5", "noise": "0"}``."""
     options: dict[str, str] = {}
@@ -213,5 +225,6 @@ __all__ = [
     "number_option",
     "parse_options",
     "positive_option",
+    "room_for",
     "serve_if_worker",
 ]

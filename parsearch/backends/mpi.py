@@ -202,8 +202,12 @@ class MPIBackend:
         return min(room, self._slots) if self._slots else room
 
     def free_slots(self) -> int:
+        return self.room_for(self._nodes_per_trial)
+
+    def room_for(self, nodes: int) -> int:
+        """How many more trials of ``nodes`` nodes fit now (proxies are smaller)."""
         self._hold_usr1()
-        room = len(self._free()) // self._nodes_per_trial
+        room = len(self._free()) // nodes
         if self._slots:
             room = min(room, self._slots - len(self._trials))
         return max(0, room)

@@ -199,7 +199,11 @@ class RayBackend:
         return max(0, self._node_room() - busy)
 
     def free_slots(self) -> int:
-        room = self.free_nodes() // self.space.allocation.nodes
+        return self.room_for(self.space.allocation.nodes)
+
+    def room_for(self, nodes: int) -> int:
+        """How many more trials of ``nodes`` nodes fit now (proxies are smaller)."""
+        room = self.free_nodes() // nodes
         if self._slots:
             room = min(room, self._slots - len(self._trials) - len(self._retiring))
         return max(0, room)

@@ -141,7 +141,11 @@ def _trial_rng(spec: TrialSpec, settings: SimulateSettings, purpose: str) -> ran
 
 
 class SimulateBackend:
-    """Answers each trial from :func:`simulate_trial` after ``delay`` seconds."""
+    """Answers each trial from :func:`simulate_trial` after ``delay`` seconds.
+
+    It holds ``slots`` allocations' worth of nodes; a trial takes ``spec.nodes`` of them, so
+    proxies smaller than the allocation run several at once.
+    """
 
     name = "simulate"
 
@@ -149,10 +153,11 @@ class SimulateBackend:
         self.space = space
         self.settings = settings
         self._slots = slots
-        # (due time, submission number, trial id, slot, spec): a heap ordered by due time.
-        self._running: list[tuple[float, int, str, int, TrialSpec]] = []
-        self._free = list(range(slots))
-        self._releasing: list[tuple[float, int]] = []  # (free again at, slot)
+        self._per_trial = space.allocation.nodes
+        # (due time, submission number, trial id, nodes, spec): a heap ordered by due time.
+        self._running: list[tuple[float, int, str, list[int], TrialSpec]] = []
+        self._free = list(range(slots * self._per_trial))
+        self._releasing: list[tuple[float, list[int]]] = []  # (free again at, nodes)
         self._submitted = 0
 
     @property
@@ -160,23 +165,33 @@ class SimulateBackend:
         return self._slots
 
     def free_slots(self) -> int:
+        return self.room_for(self._per_trial)
+
+    def room_for(self, nodes: int) -> int:
+        """How many more trials of ``nodes`` nodes fit now."""
         now = time.monotonic()
-        self._free += [slot for at, slot in self._releasing if at <= now]
-        self._releasing = [(at, slot) for at, slot in self._releasing if at > now]
-        return len(self._free)
+        for at, freed in self._releasing:
+            if at <= now:
+                self._free += freed
+        self._releasing = [(at, freed) for at, freed in self._releasing if at > now]
+        return len(self._free) // nodes
 
     def submit(self, spec: TrialSpec) -> list[str]:
-        if not self.free_slots():
-            raise BackendError(f"simulate backend: all {self._slots} slots are busy")
-        slot = self._free.pop()
+        if not self.room_for(spec.nodes):
+            raise BackendError(
+                f"simulate backend: too busy for {spec.trial_id}: {len(self._free)} free "
+                f"nodes, it needs {spec.nodes}"
+            )
+        self._free.sort()
+        nodes = [self._free.pop() for _ in range(spec.nodes)]
         delay = self.settings.delay_s
         if self.settings.jitter:
             jitter = self.settings.jitter
             delay *= _trial_rng(spec, self.settings, "delay").uniform(1 - jitter, 1 + jitter)
         due = time.monotonic() + delay
-        heapq.heappush(self._running, (due, self._submitted, spec.trial_id, slot, spec))
+        heapq.heappush(self._running, (due, self._submitted, spec.trial_id, nodes, spec))
         self._submitted += 1
-        return [f"sim{slot}"]
+        return [f"sim{nodes[0] // self._per_trial}"]
 
     def poll(self, timeout_s: float) -> list[Finished]:
         if not self._running:
@@ -187,13 +202,13 @@ class SimulateBackend:
         now = time.monotonic()
         done = []
         while self._running and self._running[0][0] <= now:
-            _, _, trial_id, slot, spec = heapq.heappop(self._running)
-            self._releasing.append((now + self.settings.release_s, slot))
+            _, _, trial_id, nodes, spec = heapq.heappop(self._running)
+            self._releasing.append((now + self.settings.release_s, nodes))
             try:
                 result = self.outcome(spec)
             except Exception as error:
                 result = conclusion_failed(self.name, error)
-            result.hosts = [f"sim{slot}"]
+            result.hosts = [f"sim{nodes[0] // self._per_trial}"]
             done.append(Finished(trial_id, result))
         return done
 
@@ -207,13 +222,13 @@ class SimulateBackend:
             if item[2] == trial_id:
                 self._running.remove(item)
                 heapq.heapify(self._running)
-                self._free.append(item[3])
+                self._free += item[3]
                 return
 
     def close(self) -> None:
         self._running.clear()
         self._releasing.clear()
-        self._free = list(range(self._slots))
+        self._free = list(range(self._slots * self._per_trial))
 
     def describe(self) -> dict[str, Any]:
         return {"slots": self._slots, **self.settings.to_dict()}

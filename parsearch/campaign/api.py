@@ -23,6 +23,7 @@ from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, start_campaign
+from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space
 
@@ -39,6 +40,7 @@ def run_campaign(
     timeout_s: float | None = None,
     progress: bool = False,
     observers: Observers | None = None,
+    proxy: bool = False,
 ) -> SessionSummary:
     """Create campaign ``name`` (default: the space's name) in the store file ``store`` and
     run it on ``backend`` until ``budget`` trials have finished.
@@ -47,19 +49,27 @@ def run_campaign(
     :class:`~parsearch.search.strategy.Strategy` built for ``space``. The campaign owns
     both from then on: they are closed when it ends, whatever happens. It is recorded like
     one started by ``parsearch run``, so ``parsearch status/top/report`` read it; ``resume``
-    rebuilds its backend by name (``backend.name``) with default options.
+    rebuilds its backend by name (``backend.name``) with default options. ``proxy``
+    explores by proxy trials on fewer nodes and confirms the best at full scale, as
+    ``parsearch run --proxy`` (:mod:`parsearch.search.proxy_phase`).
     """
     try:
         if not isinstance(space, SearchSpace):
             space = load_space(space)
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, space, seed=seed)
+        if proxy:
+            strategy = ProxyPhase(strategy)
     except BaseException:
         backend.close()
         if isinstance(strategy, Strategy):
             strategy.close()
         raise
-    settings = CampaignSettings(backend=backend.name, strategy=strategy.name, timeout_s=timeout_s)
+    proxy = isinstance(strategy, ProxyPhase)
+    named = strategy.inner if isinstance(strategy, ProxyPhase) else strategy
+    settings = CampaignSettings(
+        backend=backend.name, strategy=named.name, timeout_s=timeout_s, proxy=proxy
+    )
     return start_campaign(
         space,
         store,

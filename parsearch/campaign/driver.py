@@ -17,6 +17,14 @@ strategy all of them at once. Invariants:
   trial as an error instead (:func:`parsearch.backends.conclusion_failed`);
 * a result with impossible figures (not finite, negative, above the peak FLOP/s or any
   addressable memory) is recorded as an ``error`` and told as a failure, never as a value.
+
+With a :class:`~parsearch.search.proxy_phase.ProxyPhase` strategy (``run --proxy``) trials
+differ in size: a proxy spans fewer nodes than the allocation. The driver then asks for one
+trial at a time while the backend has a free node (:func:`~parsearch.backends.room_for`),
+queues it in the store, and starts the queue's head as soon as there is room for it, so
+small proxies fill the nodes a full-scale trial would hold and a confirmation waits for
+the whole allocation. A proxy's result is recorded with the full-scale figures predicted
+from it (its own kept in ``metrics["fidelity"]``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from parsearch.backends import Backend, Finished
+from parsearch.backends import Backend, Finished, room_for
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, Snapshot
@@ -38,6 +46,7 @@ from parsearch.errors import BackendError, ParsearchError
 from parsearch.plausible import checked as plausible_result
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
+from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace
 from parsearch.store import Campaign, Store, TrialRecord
@@ -93,6 +102,7 @@ class Driver:
         self.space = space
         self.backend = backend
         self.strategy = strategy
+        self.proxies = strategy if isinstance(strategy, ProxyPhase) else None
         self.lease = lease
         self.settings = settings
         self.stop = stop or StopRequest()
@@ -192,6 +202,8 @@ class Driver:
 
     def _dispatch(self) -> bool:
         """Fill free slots within the budget; return whether the strategy ran dry."""
+        if self.proxies is not None:
+            return self._dispatch_sized()
         while True:
             room = min(
                 self.backend.free_slots(),
@@ -207,26 +219,54 @@ class Driver:
             proposals = self.strategy.ask(room)
             if not proposals:
                 return True
-            judged = []
-            for proposal in proposals:
-                record = self.store.add_trial(
-                    self.campaign.id,
-                    proposal.layout,
-                    predicted=_prediction(proposal),
-                    origin=proposal.origin,
-                )
-                problems = layout_problems(self.space, proposal.layout)
-                if problems:
-                    judged.append(self._finish_infeasible(record, problems))
-                else:
-                    self._launch(record)
-            self._tell(judged)
+            for record in self._add(proposals):
+                self._launch(record)
+
+    def _dispatch_sized(self) -> bool:
+        """:meth:`_dispatch` for trials of different sizes: start the queue's head when the
+        backend has room for its nodes; ask for one more trial while a node is free."""
+        while self.settings.budget - self.finished - len(self.running) > 0:
+            if self.queue:
+                if room_for(self.backend, self._nodes(self.queue[0])) <= 0:
+                    return False
+                self._launch(self.queue.popleft())
+                continue
+            if room_for(self.backend, 1) <= 0:
+                return False
+            proposals = self.strategy.ask(1)
+            if not proposals:
+                return True
+            self.queue.extend(self._add(proposals))
+        return False
+
+    def _nodes(self, record: TrialRecord) -> int:
+        return max(1, -(-record.run_layout.world_size // self.space.allocation.devices_per_node))
+
+    def _add(self, proposals: list[Proposal]) -> list[TrialRecord]:
+        """Record the proposals as queued trials; those that break a rule are finished at
+        once as infeasible (and told). Returns the ones to run."""
+        judged, runnable = [], []
+        for proposal in proposals:
+            record = self.store.add_trial(
+                self.campaign.id,
+                proposal.layout,
+                predicted=_prediction(proposal),
+                origin=proposal.origin,
+                proxy_dp=None if proposal.proxy is None else proposal.proxy.dp,
+            )
+            problems = layout_problems(self.space, proposal.layout)
+            if problems:
+                judged.append(self._finish_infeasible(record, problems))
+            else:
+                runnable.append(record)
+        self._tell(judged)
+        return runnable
 
     def _launch(self, record: TrialRecord) -> None:
         spec = TrialSpec(
             trial_id=f"{self._slug}-{record.number:05d}-a{record.attempt + 1}",
             model=self.space.model,
-            layout=record.layout,
+            layout=record.run_layout,
             allocation=self.space.allocation,
             trainer=dict(self.space.trainer),
             timeout_s=self.trial_timeout_s,
@@ -259,6 +299,8 @@ class Driver:
                 objective=self.metric,
                 peak_flops_per_device=self.space.allocation.peak_flops_per_device,
             )
+            if self.proxies is not None:
+                result = self.proxies.full_scale_result(record, result)
             objective = result.objective(self.metric)
             value = objective if isinstance(objective, float) else None
             record = self.store.finish_trial(record.id, result, value)
@@ -270,7 +312,9 @@ class Driver:
         self._tell(told)
 
     def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:
-        if results:
+        if results and self.proxies is not None:
+            self.proxies.settle(results)
+        elif results:
             self.strategy.observe([(record.layout, result) for record, result in results])
             self.strategy.tell(
                 [(record.layout, result.objective(self.metric)) for record, result in results]

@@ -35,9 +35,17 @@ from parsearch.probe.profile import (
 from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
 from parsearch.scaling import chosen_campaign
+from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space, space_from_dict
-from parsearch.store import Campaign, CampaignStatus, Store, TrialRecord, open_store
+from parsearch.store import (
+    Campaign,
+    CampaignStatus,
+    Store,
+    TrialRecord,
+    fidelity_note,
+    open_store,
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class CampaignSettings:
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
     machine: str | None = None  # a machine profile given with --machine
+    proxy: bool = False  # explore by proxy trials at fewer replicas, confirm at full scale
 
     def __post_init__(self) -> None:
         """Refuse what would hang or crash a session later (an infinite wait, a NaN lease)."""
@@ -110,6 +119,7 @@ class SessionSummary:
             lines.append(
                 f"best {campaign.objective_metric} {self.best.objective:.4g}: "
                 f"{self.best.layout.short()} (trial #{self.best.number})"
+                + (f"; {fidelity_note(self.best)}" if self.best.proxy_dp is not None else "")
             )
         else:
             lines.append("no trial succeeded yet")
@@ -315,6 +325,8 @@ class _Parts:
             if settings.warm_start is None
             else load_warm_start(settings.warm_start, settings.warm_start_name),
         )
+        if settings.proxy:
+            strategy = ProxyPhase(strategy)
         if backend is not None:
             return cls(strategy, backend, owns_backend=False)
         try:
@@ -381,14 +393,19 @@ def _session(
         assert campaign.budget is not None  # start_campaign always sets one
         try:
             strategy = parts.strategy
-            strategy.exclude(record.layout for record in history)
-            finished = [r for r in history if r.state.finished]
-            strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
-            strategy.tell([(r.layout, _told_value(r)) for r in finished])
+            if isinstance(strategy, ProxyPhase):
+                strategy.budget = campaign.budget
+                strategy.replay(history)  # proxies and confirmations, told as they were
+            else:
+                strategy.exclude(record.layout for record in history)
+                finished = [r for r in history if r.state.finished]
+                strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
+                strategy.tell([(r.layout, _told_value(r)) for r in finished])
             progress.message(
                 f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
                 f"{settings.backend} ({parts.backend.capacity} slots), strategy "
-                f"{settings.strategy}, {len(finished)} trials done before"
+                f"{settings.strategy}{' by proxies' if settings.proxy else ''}, "
+                f"{sum(r.state.finished for r in history)} trials done before"
             )
             driver = Driver(
                 store=store,

@@ -51,6 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also try layouts the estimate predicts to run out of memory",
     )
     parser.add_argument(
+        "--proxy",
+        action="store_true",
+        help="explore by proxy trials (each layout on fewer data-parallel replicas, so on "
+        "fewer nodes, several at once) and confirm the best at full scale; a proxy counts "
+        "as a trial of the budget; resume keeps it",
+    )
+    parser.add_argument(
         "--warm-start",
         metavar="OTHER.db",
         help="calibrate the estimate from another campaign's trials before the first trial "
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     settings = CampaignSettings(
         strategy=args.strategy,
         keep_predicted_oom=args.keep_predicted_oom,
+        proxy=args.proxy,
         warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
         warm_start_name=args.warm_start_name,
         machine=str(Path(args.machine).resolve()) if args.machine else None,

@@ -21,7 +21,7 @@ from parsearch.failures import failure_reason
 from parsearch.formats import trial_document
 from parsearch.query import open_campaign
 from parsearch.space import SearchSpace, space_from_dict
-from parsearch.store import Campaign, TrialRecord
+from parsearch.store import Campaign, TrialRecord, fidelity_note
 from parsearch.trial import TrialSpec
 from parsearch.units import format_bytes
 
@@ -111,6 +111,8 @@ def render_text(
         out.append(f"  why        {failure_reason(record.error, record.log_tail)}")
     elif record.error:
         out.append(f"  note       {record.error}")
+    if record.proxy_dp is not None or campaign.settings.get("proxy"):
+        out.append(f"  fidelity   {fidelity_note(record)}")
     if record.objective is not None:
         out.append(f"  objective  {campaign.objective_metric} {record.objective:.6g}")
     out += _mapping("metrics", record.metrics)

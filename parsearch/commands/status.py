@@ -17,7 +17,7 @@ from parsearch.failures import (
     group_failures,
 )
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
-from parsearch.store import CampaignStatus
+from parsearch.store import CampaignStatus, fidelity_note
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,8 +65,15 @@ def render_text(
             best.layout if best else None,
             campaign.objective_metric,
         )
-        + (f" (trial #{best.number})" if best else ""),
+        + (f" (trial #{best.number})" if best else "")
+        + (f"; {fidelity_note(best)}" if best and best.proxy_dp is not None else ""),
     ]
+    hours = progress.node_hours
+    if hours["proxy"] or campaign.settings.get("proxy"):
+        lines.append(
+            f"  node-h   {hours['full']:.3g} at full scale, {hours['proxy']:.3g} in proxies "
+            "(each proxy is a trial of the budget)"
+        )
     for i, group in enumerate(failures):
         count = len(group.trials)
         lines.append(

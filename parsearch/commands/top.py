@@ -56,6 +56,8 @@ def _row(rank: int, record: TrialRecord, metric: str) -> dict[str, Any]:
         "trial": record.number,
         **record.config,
         "objective": record.objective,
+        "fidelity": record.fidelity,
+        "proxy_dp": record.proxy_dp,
         "step_time_s": metrics.get("step_time_s"),
         "tflops_per_device": metrics.get("tflops_per_device"),
         "mfu": metrics.get("mfu"),
@@ -74,14 +76,24 @@ def _table(records: list[TrialRecord], campaign: Campaign) -> str:
         f"{'#':>3} {'trial':>5}  {'layout':<34} {metric:>17} {'predicted':>10} "
         f"{'step s':>8} {'MFU':>6} {'mem/rank':>10} {'predicted':>10}"
     )
+    proxies = any(record.proxy_dp is not None for record in records)
+    if proxies:  # which figures are measured at full scale, which predicted from a proxy
+        header += f"  {'fidelity':<9}"
     lines = [f"top {len(records)} of campaign '{campaign.name}' by {metric}:", header]
     for rank, record in enumerate(records, start=1):
         metrics, predicted = record.metrics, record.predicted or {}
+        fidelity = "full" if record.proxy_dp is None else f"proxy dp{record.proxy_dp}"
         lines.append(
             f"{rank:>3} {record.number:>5}  {record.layout.short():<34} "
             f"{_fmt(record.objective):>17} {_fmt(predicted.get(metric)):>10} "
             f"{_fmt(metrics.get('step_time_s')):>8} {_pct(metrics.get('mfu')):>6} "
             f"{_mem(metrics.get('peak_mem_bytes')):>10} {_mem(predicted.get('peak_mem_bytes')):>10}"
+            + (f"  {fidelity:<9}" if proxies else "")
+        )
+    if proxies:
+        lines.append(
+            "proxy rows: figures predicted at full scale from a run at fewer replicas "
+            "(`parsearch show` gives what it measured)"
         )
     return "\n".join(lines)
 

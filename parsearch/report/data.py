@@ -73,9 +73,17 @@ class ReportData:
             ["objective", "peak_mem_bytes", "trial_id"], ascending=[False, True, True]
         )
 
-    def best_layout(self) -> ParallelLayout | None:
+    def answer(self) -> pd.Series | None:
+        """The campaign's answer as ``parsearch best`` gives it: the best trial measured at
+        full scale, or a proxy's prediction while none succeeded (``fidelity`` says which)."""
         ok = self.ok()
-        return None if ok.empty else layout_of(ok.iloc[0])
+        full = ok[ok["fidelity"] != "proxy"]
+        chosen = full if not full.empty else ok
+        return None if chosen.empty else chosen.iloc[0]
+
+    def best_layout(self) -> ParallelLayout | None:
+        row = self.answer()
+        return None if row is None else layout_of(row)
 
 
 def load_report_data(store_path: str | Path, name: str | None = None) -> ReportData:
@@ -260,6 +268,11 @@ def top_table(data: ReportData, k: int = 10) -> pd.DataFrame:
             "trial": ok["number"].astype(int).to_numpy(),
             "layout": [layout_of(row).short() for _, row in ok.iterrows()],
             data.objective: ok["objective"].to_numpy(),
+            # proxy: the figures are predicted at full scale from a run at fewer replicas
+            "fidelity": [
+                "full" if row["fidelity"] != "proxy" else f"proxy dp{int(row['proxy_dp'])}"
+                for _, row in ok.iterrows()
+            ],
         }
     )
     for metric in ("step_time_s", "tflops_per_device", "mfu", "peak_mem_bytes"):

@@ -172,10 +172,9 @@ def _summary(data: ReportData) -> str:
 
 
 def _best(data: ReportData) -> str:
-    ok = data.ok()
-    if ok.empty:
+    row = data.answer()
+    if row is None:
         return "<h2>Best layout</h2><p>No trial has finished ok yet.</p>"
-    row = ok.iloc[0]
     layout = layout_of(row)
     value = format_metric(data.objective, row["objective"])
     parts = [
@@ -185,6 +184,12 @@ def _best(data: ReportData) -> str:
         f"{_e(_bytes(row['peak_mem_bytes']))} per rank. The same settings for each trainer "
         f"(<code>parsearch best --format NAME</code>):</p>",
     ]
+    if row["fidelity"] == "proxy":
+        parts.insert(
+            2,
+            f"<p><b>Predicted, not measured:</b> no full-scale trial succeeded; these figures "
+            f"are predicted from a proxy at dp{int(row['proxy_dp'])}.</p>",
+        )
     for name in EXPORTERS:
         try:
             text = export(name, layout, data.space)

@@ -26,6 +26,7 @@ import numpy as np
 from parsearch.config import ParallelLayout
 from parsearch.errors import ParsearchError
 from parsearch.estimate import Prediction
+from parsearch.estimate.proxy import ProxyPlan
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
@@ -50,12 +51,14 @@ class Proposal:
     ``origin`` is ``initial`` (a seed from the estimate's ranking), ``optimizer`` (DeepHyper),
     ``estimate`` (the calibrated estimate's best untried layout), ``fallback`` (the next best
     predicted layout, when DeepHyper repeated itself) or ``random``. ``prediction`` is
-    ``None`` for layouts that break a rule.
+    ``None`` for layouts that break a rule. ``proxy`` says to measure the layout by a proxy
+    trial at fewer replicas (:mod:`parsearch.search.proxy_phase`); ``None``: at full scale.
     """
 
     layout: ParallelLayout
     origin: str
     prediction: Prediction | None
+    proxy: ProxyPlan | None = None
 
 
 class Strategy(abc.ABC):

@@ -9,7 +9,13 @@ from __future__ import annotations
 import os
 
 from parsearch.store.protocol import Store
-from parsearch.store.records import Campaign, CampaignStatus, LeaseHolder, TrialRecord
+from parsearch.store.records import (
+    Campaign,
+    CampaignStatus,
+    LeaseHolder,
+    TrialRecord,
+    fidelity_note,
+)
 from parsearch.store.schema import SCHEMA_VERSION
 from parsearch.store.sqlite import SQLiteStore
 
@@ -27,5 +33,6 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "TrialRecord",
+    "fidelity_note",
     "open_store",
 ]

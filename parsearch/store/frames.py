@@ -31,6 +31,8 @@ BASE_COLUMNS = (
     "attempt",
     *LAYOUT_FIELDS,
     "objective",
+    "fidelity",
+    "proxy_dp",
     *TIME_COLUMNS,
     "duration_s",
     "hosts",
@@ -59,7 +61,7 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # the rest of an export (they stay in the store, in TrialRecord.log_tail).
 FRAME_COLUMNS = (
     "id, number, key, state, origin, attempt, config, objective, created_at, started_at, "
-    "finished_at, duration_s, hosts, error, metrics, predicted"
+    "finished_at, duration_s, hosts, error, metrics, predicted, proxy_dp"
 )
 
 
@@ -67,9 +69,12 @@ def trials_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     """One row per trial from rows selected as :data:`FRAME_COLUMNS`, in their order.
 
     Columns: the trial's identity and state, the layout fields (``tp``, ``pp``, ...), the
-    objective, times (UTC datetimes), ``hosts`` (comma-separated), ``error``, then each metric
-    under its own name (``metric.<name>`` if that name is taken above) and each prediction
-    as ``predicted.<name>``. Built column by column: a dict per row costs twice as long.
+    objective, ``fidelity`` (``full``: measured at full scale; ``proxy``: the objective and
+    metrics are predicted from a run at ``proxy_dp`` replicas, whose own figures are the
+    ``fidelity.measured.*`` columns), times (UTC datetimes), ``hosts`` (comma-separated),
+    ``error``, then each metric under its own name (``metric.<name>`` if that name is
+    taken above) and each prediction as ``predicted.<name>``. Built column by column: a
+    dict per row costs twice as long.
     """
     if not rows:
         frame = pd.DataFrame(columns=list(BASE_COLUMNS))
@@ -93,6 +98,7 @@ def trials_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
         errors,
         metrics,
         predicted,
+        proxy_dps,
     ) = zip(*rows, strict=True)
     columns: dict[str, Any] = {
         "trial_id": ids,
@@ -106,6 +112,8 @@ def trials_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     for name in LAYOUT_FIELDS:
         columns[name] = [config.get(name) for config in decoded_configs]
     columns["objective"] = pd.Series(objectives, dtype="float64")
+    columns["fidelity"] = ["full" if dp is None else "proxy" for dp in proxy_dps]
+    columns["proxy_dp"] = pd.Series(proxy_dps, dtype="Int64")
     for name, values in zip(TIME_COLUMNS, (created, started, finished), strict=True):
         columns[name] = pd.to_datetime(pd.Series(values, dtype="float64"), unit="s", utc=True)
     columns["duration_s"] = pd.Series(durations, dtype="float64")

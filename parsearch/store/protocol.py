@@ -110,8 +110,10 @@ class Store(Protocol):
         state: TrialState = ...,
         predicted: dict[str, Any] | None = ...,
         origin: str = ...,
+        proxy_dp: int | None = ...,
     ) -> TrialRecord:
-        """Record ``layout`` as the campaign's next trial (numbered from 0)."""
+        """Record ``layout`` as the campaign's next trial (numbered from 0); with
+        ``proxy_dp``, a proxy trial of it at that many data-parallel replicas."""
         ...
 
     def has_key(self, campaign_id: int, key: str) -> bool:
@@ -152,14 +154,25 @@ class Store(Protocol):
         """How many trials are in each state (every state present, zeros included)."""
         ...
 
+    def device_seconds(self, campaign_id: int) -> dict[str, float]:
+        """Device-seconds the trials ran, by fidelity (``full``, ``proxy``)."""
+        ...
+
     def best(self, campaign_id: int, *, max_mem_bytes: float | None = None) -> TrialRecord | None:
-        """The ok trial with the highest objective, optionally within a peak-memory cap."""
+        """The ok trial with the highest objective, optionally within a peak-memory cap;
+        measured at full scale unless no full-scale trial succeeded (then a proxy's)."""
         ...
 
     def top(
-        self, campaign_id: int, k: int, *, max_mem_bytes: float | None = None
+        self,
+        campaign_id: int,
+        k: int,
+        *,
+        max_mem_bytes: float | None = ...,
+        full_scale: bool = ...,
     ) -> list[TrialRecord]:
-        """The ``k`` ok trials with the highest objective, best first."""
+        """The ``k`` ok trials with the highest objective, best first (only those measured
+        at full scale with ``full_scale``)."""
         ...
 
     def pareto(self, campaign_id: int) -> list[TrialRecord]:

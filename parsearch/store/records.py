@@ -70,7 +70,10 @@ class TrialRecord:
 
     ``objective``, ``tokens_per_s`` and ``peak_mem_bytes`` are copies of figures in
     ``metrics`` kept as columns so that best / top / Pareto queries use an index;
-    ``objective`` is set for ok trials only.
+    ``objective`` is set for ok trials only. ``proxy_dp`` is set for a proxy trial: it ran
+    ``layout`` on ``proxy_dp`` data-parallel replicas, and its ``metrics`` (``objective``...)
+    are full-scale figures *predicted* from that run (``metrics["fidelity"]`` holds what it
+    measured); ``None`` for a trial measured at full scale.
     """
 
     id: int
@@ -93,10 +96,32 @@ class TrialRecord:
     predicted: dict[str, Any] | None
     error: str | None
     log_tail: str
+    proxy_dp: int | None = None
 
     @property
     def layout(self) -> ParallelLayout:
         return ParallelLayout.from_dict(self.config)
+
+    @property
+    def fidelity(self) -> str:
+        """``full`` (figures measured at full scale) or ``proxy`` (predicted from a proxy)."""
+        return "full" if self.proxy_dp is None else "proxy"
+
+    @property
+    def run_layout(self) -> ParallelLayout:
+        """The layout the trial runs: ``layout``, at ``proxy_dp`` replicas for a proxy."""
+        layout = self.layout
+        return layout if self.proxy_dp is None else dataclasses.replace(layout, dp=self.proxy_dp)
+
+
+def fidelity_note(record: TrialRecord) -> str:
+    """How a trial's figures were obtained, in the words every reader prints: measured at
+    full scale, or predicted from a proxy (whose own figures are ``metrics["fidelity"]``)."""
+    if record.proxy_dp is None:
+        return "measured at full scale"
+    nodes = (record.metrics.get("fidelity") or {}).get("nodes")
+    where = f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes else ""
+    return f"predicted from a proxy at dp{record.proxy_dp}{where}, not measured at full scale"
 
 
 # The tables' columns carry the records' field names, so each SELECT list is derived from

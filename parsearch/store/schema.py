@@ -179,11 +179,24 @@ def _v4_stop_reason(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v5_trial_fidelity(conn: sqlite3.Connection) -> None:
+    """Record which trials ran as proxies: ``proxy_dp`` is the data-parallel size a proxy
+    trial ran at (``NULL``: the trial ran at full scale, as every trial before version 5).
+
+    A proxy's row holds the full-scale layout in ``config`` and the full-scale figures
+    predicted from its measurement in ``metrics`` (its own in ``metrics["fidelity"]``), and
+    is keyed by the layout it ran (dp'), so a later full-scale confirmation of the same
+    layout is a trial of its own under ``UNIQUE (campaign_id, key)``.
+    """
+    conn.execute("ALTER TABLE trials ADD COLUMN proxy_dp INTEGER")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "campaigns, trials and leases", _v1_tables),
     Migration(2, "indexed objective, tokens_per_s and peak_mem_bytes columns", _v2_query_columns),
     Migration(3, "lease generation (fencing), holder's threshold and process", _v3_lease_fencing),
     Migration(4, "why and when a campaign stopped short of its budget", _v4_stop_reason),
+    Migration(5, "trial fidelity: the dp a proxy trial ran at", _v5_trial_fidelity),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

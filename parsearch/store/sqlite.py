@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,10 @@ _UNSET: Any = object()
 # by a drain and will be re-queued on resume).
 _OUTCOMES = frozenset({*(s for s in TrialState if s.finished), TrialState.INTERRUPTED})
 _VERSIONED_PACKAGES = ("deephyper", "torch", "numpy", "pandas", "mpi4py", "ray")
+
+
+def _proxy_words(proxy_dp: int | None) -> str:
+    return "" if proxy_dp is None else f" (proxy at dp{proxy_dp})"
 
 
 def _when(timestamp: float) -> str:
@@ -445,19 +450,26 @@ class SQLiteStore:
         state: TrialState = TrialState.QUEUED,
         predicted: dict[str, Any] | None = None,
         origin: str = "optimizer",
+        proxy_dp: int | None = None,
     ) -> TrialRecord:
         """Record ``layout`` as the campaign's next trial (numbered from 0).
 
         ``state`` may be a terminal one for layouts judged without running (say predicted
         out of memory: ``infeasible``). ``origin`` says who proposed it: ``initial``,
-        ``optimizer``, ``user``... Raises :class:`StoreError` if the layout is already there.
+        ``optimizer``, ``user``... ``proxy_dp`` makes it a proxy trial of ``layout`` at that
+        many replicas, keyed by the layout it runs (so its full-scale confirmation is a trial
+        of its own). Raises :class:`StoreError` if the layout is already there.
         """
         state = TrialState(state)
         if not (state is TrialState.QUEUED or state.finished):
             raise StoreError(
                 f"a new trial is queued or already finished, not {state.value} ({layout.short()})"
             )
-        key = layout.key()
+        if proxy_dp is not None and not 1 <= proxy_dp < layout.dp:
+            raise StoreError(
+                f"a proxy of {layout.short()} runs on 1 to {layout.dp - 1} replicas, not {proxy_dp}"
+            )
+        key = layout.key() if proxy_dp is None else replace(layout, dp=proxy_dp).key()
         config = to_json(layout.to_dict(), "the layout")
         predicted_json = None if predicted is None else to_json(predicted, "the prediction")
         with self._transaction(f"adding trial {layout.short()}") as conn:
@@ -469,15 +481,15 @@ class SQLiteStore:
             ).fetchone()
             if existing:
                 raise StoreError(
-                    f"layout {layout.short()} is already trial #{existing[0]} "
-                    f"({existing[1]}) of campaign {campaign_id}; a layout runs once"
+                    f"layout {layout.short()}{_proxy_words(proxy_dp)} is already trial "
+                    f"#{existing[0]} ({existing[1]}) of campaign {campaign_id}; a layout runs once"
                 )
             now = time.time()
             cursor = conn.execute(
                 "INSERT INTO trials (campaign_id, number, key, config, state, origin, "
-                "created_at, finished_at, predicted) VALUES (?, "
+                "created_at, finished_at, predicted, proxy_dp) VALUES (?, "
                 "(SELECT COALESCE(MAX(number) + 1, 0) FROM trials WHERE campaign_id = ?), "
-                "?, ?, ?, ?, ?, ?, ?)",
+                "?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     campaign_id,
                     campaign_id,
@@ -488,6 +500,7 @@ class SQLiteStore:
                     now,
                     now if state.finished else None,
                     predicted_json,
+                    proxy_dp,
                 ),
             )
             return self._trial(conn, cursor.lastrowid)
@@ -647,17 +660,44 @@ class SQLiteStore:
         counts.update({TrialState(state): n for state, n in rows})
         return counts
 
+    def device_seconds(self, campaign_id: int) -> dict[str, float]:
+        """Device-seconds the campaign's trials ran (their duration times the devices of the
+        layout they ran), by fidelity: ``full`` and ``proxy``; one aggregate query."""
+        with self._transaction(f"adding up the trials of {campaign_id}", write=False) as c:
+            rows = c.execute(
+                "SELECT proxy_dp IS NULL, SUM(duration_s * json_extract(config, '$.tp') * "
+                "json_extract(config, '$.pp') * COALESCE(proxy_dp, json_extract(config, '$.dp'))) "
+                "FROM trials WHERE campaign_id = ? AND duration_s IS NOT NULL GROUP BY 1",
+                (campaign_id,),
+            ).fetchall()
+        totals = {"full": 0.0, "proxy": 0.0}
+        for full, total in rows:
+            totals["full" if full else "proxy"] = float(total or 0.0)
+        return totals
+
     # -- queries ------------------------------------------------------------------------------
 
     def best(self, campaign_id: int, *, max_mem_bytes: float | None = None) -> TrialRecord | None:
-        """The ok trial with the highest objective, optionally within a peak-memory cap."""
-        found = self.top(campaign_id, 1, max_mem_bytes=max_mem_bytes)
+        """The ok trial with the highest objective, optionally within a peak-memory cap.
+
+        A campaign's answer is measured at full scale: a proxy trial (whose figures are
+        predictions) is the best only while no full-scale trial succeeded (a budget that
+        ended before any confirmation); its ``fidelity`` then says so.
+        """
+        found = self.top(campaign_id, 1, max_mem_bytes=max_mem_bytes, full_scale=True)
+        found = found or self.top(campaign_id, 1, max_mem_bytes=max_mem_bytes)
         return found[0] if found else None
 
     def top(
-        self, campaign_id: int, k: int, *, max_mem_bytes: float | None = None
+        self,
+        campaign_id: int,
+        k: int,
+        *,
+        max_mem_bytes: float | None = None,
+        full_scale: bool = False,
     ) -> list[TrialRecord]:
-        """The ``k`` ok trials with the highest objective, best first.
+        """The ``k`` ok trials with the highest objective, best first; only those measured
+        at full scale with ``full_scale`` (proxies' objectives are predictions).
 
         Under a cap, a trial whose peak memory was not measured is left out: it cannot be
         shown to fit. Ties go to the lower peak memory, then the earlier trial.
@@ -666,6 +706,8 @@ class SQLiteStore:
             f"SELECT {TRIAL_COLUMNS} FROM trials "
             "WHERE campaign_id = ? AND state = ? AND objective IS NOT NULL"
         )
+        if full_scale:
+            query += " AND proxy_dp IS NULL"
         params: list[Any] = [campaign_id, TrialState.OK.value]
         if max_mem_bytes is not None:
             query += " AND peak_mem_bytes <= ?"

@@ -1,0 +1,200 @@
+"""The proxy phase's decisions (parsearch.search.proxy_phase), driven by hand: which layouts
+run as proxies and at what size, when one is confirmed at full scale, what a proxy's
+out-of-memory means, the correction learnt from confirmations, and a replay that decides as
+the interrupted campaign would have."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from parsearch.config import ParallelLayout
+from parsearch.result import TrialResult, TrialState
+from parsearch.search.proxy_phase import ProxyPhase
+from parsearch.search.strategy import Proposal, Strategy
+from parsearch.space import SearchSpace, space_from_dict
+
+
+def cpu_space(zero_stage: int = 0, memory: str = "1GiB") -> SearchSpace:
+    return space_from_dict(
+        {
+            "name": "proxy-phase",
+            "model": {
+                "num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+                "seq_length": 32,
+            },
+            "allocation": {
+                "nodes": 8, "devices_per_node": 1, "device": "cpu", "device_memory": memory,
+                "peak_tflops": 0.05,
+            },
+            "search": {
+                "tp": [1], "pp": [1], "mbs": [1, 2, 4], "recompute": ["none", "selective", "full"],
+                "zero_stage": zero_stage,
+            },
+            "global_batch": 32,
+        }
+    )  # fmt: skip
+
+
+class Listed(Strategy):
+    """A strategy that proposes its layouts in the given order and remembers what it was
+    told (the wrapped strategy of these tests)."""
+
+    name = "listed"
+
+    def __init__(self, space: SearchSpace, layouts: list[ParallelLayout], n_seeds: int = 2):
+        super().__init__(space, seed=0)
+        self.layouts = layouts
+        self.n_seeds = n_seeds
+        self.told: list[tuple[ParallelLayout, object]] = []
+
+    def _propose(self, n: int) -> Iterator[Proposal]:
+        return (Proposal(layout, "listed", self.space.predict(layout)) for layout in self.layouts)
+
+    def tell(self, results) -> None:
+        self.told += list(results)
+
+
+@dataclass
+class Record:
+    """What the phase reads of a stored trial."""
+
+    layout: ParallelLayout
+    proxy_dp: int | None
+    state: TrialState = TrialState.QUEUED
+    objective: float | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+def layouts(space: SearchSpace) -> list[ParallelLayout]:
+    return [layout for layout, _ in space.plan().feasible]
+
+
+def finish(
+    phase: ProxyPhase, proposal: Proposal, value: float, ok: bool = True
+) -> tuple[Record, TrialResult]:
+    """Record ``proposal`` as the driver would: a proxy measures ``value`` seconds a step,
+    a full-scale trial ``value`` tokens/s."""
+    dp = None if proposal.proxy is None else proposal.proxy.dp
+    record = Record(proposal.layout, dp)
+    if not ok:
+        result = TrialResult(TrialState.OOM, error="out of memory")
+    elif dp is None:
+        result = TrialResult(TrialState.OK, {"tokens_per_s": value})
+    else:
+        tokens = dp * proposal.layout.mbs * proposal.layout.gas * phase.space.model.seq_length
+        result = TrialResult(TrialState.OK, {"tokens_per_s": tokens / value, "step_time_s": value})
+    result = phase.full_scale_result(record, result)
+    record.state = result.status
+    record.metrics = result.metrics
+    record.objective = result.metrics.get("tokens_per_s") if result.ok else None
+    phase.settle([(record, result)])
+    return record, result
+
+
+def test_proposals_run_as_the_smallest_proxy_that_fits():
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space)), budget=10)
+    first = phase.ask(1)[0]
+    assert first.proxy is not None and first.proxy.dp == 1 and first.proxy.nodes == 1
+    assert first.layout.dp == 8 and first.origin == "listed"
+    zero = cpu_space(zero_stage=1)
+    proposal = ProxyPhase(Listed(zero, layouts(zero)), budget=10).ask(1)[0]
+    assert proposal.proxy is not None and proposal.proxy.dp == 2  # ZeRO shards over >= 2
+
+
+def test_the_first_wave_is_confirmed_when_all_in_then_only_a_clear_gain():
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=20, margin=0.05)
+    a, b = phase.ask(2)
+    assert a.proxy and b.proxy
+    finish(phase, b, 1.0)
+    assert phase.ask(1) == []  # no later proxy holds the first confirmation back
+    slow, _ = finish(phase, a, 0.5)
+    (confirm,) = phase.ask(1)
+    assert confirm.origin == "confirm" and confirm.proxy is None and confirm.layout == a.layout
+    assert phase.ask(1) == []  # it holds the allocation
+    finish(phase, confirm, slow.objective)  # the proxy predicted it right
+    assert phase.correction == pytest.approx(1.0)
+    c, d = phase.ask(2)
+    assert c.proxy is not None and d.proxy is not None
+    finish(phase, c, 0.49)  # 2% faster: within the margin, not confirmed
+    (e,) = phase.ask(1)
+    assert e.proxy is not None
+    finish(phase, d, 0.25)  # twice as fast: confirmed next
+    (again,) = phase.ask(1)
+    assert again.origin == "confirm" and again.layout == d.layout
+    (f,) = phase.ask(1)
+    assert f.proxy is not None  # proxies go on beside a later confirmation
+
+
+def test_the_last_trial_of_the_budget_is_a_confirmation():
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space), n_seeds=4), budget=3)
+    a, b = phase.ask(2)
+    assert phase.ask(1) == []  # the reserved trial waits for what the proxies find
+    finish(phase, b, 1.0)
+    assert phase.ask(1) == []  # for all of it
+    finish(phase, a, 2.0)
+    (last,) = phase.ask(1)
+    assert last.origin == "confirm" and last.layout == b.layout and last.proxy is None
+
+
+def test_a_proxy_oom_condemns_the_layout_only_when_nothing_is_sharded():
+    plain = cpu_space()
+    phase = ProxyPhase(Listed(plain, layouts(plain)), budget=10)
+    (proxy,) = phase.ask(1)
+    record, result = finish(phase, proxy, 0.0, ok=False)
+    assert record.state is TrialState.OOM and "would not fit either" in (result.error or "")
+    assert phase.inner.told == [(proxy.layout, "F_oom")]
+    assert phase.ask(1)[0].layout != proxy.layout  # not measured again
+    sharded = cpu_space(zero_stage=1)
+    phase = ProxyPhase(Listed(sharded, layouts(sharded)), budget=10)
+    (proxy,) = phase.ask(1)
+    _, result = finish(phase, proxy, 0.0, ok=False)
+    assert "measured again larger" in (result.error or "")
+    assert phase.inner.told == []  # the smaller shard may be why: no verdict
+    (retry,) = phase.ask(1)
+    assert retry.origin == "retry" and retry.layout == proxy.layout
+    assert retry.proxy is not None and proxy.proxy is not None
+    assert retry.proxy.dp > proxy.proxy.dp
+
+
+def test_confirmations_teach_the_correction_that_later_proxies_carry():
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space), n_seeds=1), budget=20)
+    (a,) = phase.ask(1)
+    first, _ = finish(phase, a, 1.0)
+    (confirm,) = phase.ask(1)
+    assert confirm.origin == "confirm"
+    finish(phase, confirm, 2 * first.objective)  # the machine is twice what the proxy says
+    assert phase.correction == pytest.approx(2.0)
+    (b,) = phase.ask(1)
+    second, _ = finish(phase, b, 1.0)
+    assert b.layout.mbs * b.layout.gas == a.layout.mbs * a.layout.gas  # the same batch
+    assert second.objective == pytest.approx(2 * first.objective, rel=0.01)
+    assert second.metrics["fidelity"]["correction"] == pytest.approx(2.0)
+    assert second.metrics["fidelity"]["measured"]["step_time_s"] == 1.0
+    assert second.metrics["step_time_s"] == pytest.approx(0.5, rel=0.01)
+
+
+def test_a_replay_decides_as_the_interrupted_campaign_would():
+    space = cpu_space()
+    live = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
+    history: list[Record] = []
+    for proposal, step in zip(live.ask(2), (2.0, 1.0), strict=True):
+        history.append(finish(live, proposal, step)[0])
+    (confirm,) = live.ask(1)
+    assert confirm.origin == "confirm"
+    history.append(finish(live, confirm, 3 * history[1].objective)[0])
+    running, _ = live.ask(2)  # left queued by a killed driver, and one finished
+    history.append(Record(running.layout, running.proxy.dp if running.proxy else None))
+    history.append(finish(live, _, 0.7)[0])
+    resumed = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
+    resumed.replay(history)
+    assert resumed.correction == pytest.approx(live.correction) == pytest.approx(3.0)
+    assert [(p.layout, p.origin, p.proxy) for p in resumed.ask(3)] == [
+        (p.layout, p.origin, p.proxy) for p in live.ask(3)
+    ]
