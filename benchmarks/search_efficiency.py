@@ -111,6 +111,7 @@ class Variant:
     residual: bool = True
     explore: float = 2.0
     patience: int = 6
+    acquisition: str = "mean"
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -122,6 +123,7 @@ class Variant:
             residual=self.residual,
             explore=self.explore,
             patience=self.patience,
+            acquisition=self.acquisition,
         )
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
@@ -134,6 +136,8 @@ VARIANTS = (
     Variant("default"),  # ET, sampling, topk, CBO 1 in 3 of the top 32; local memory; residual
     Variant("previous-default", local_memory=False, residual=False),  # global memory fit
     Variant("no-residual", residual=False),
+    Variant("ei", acquisition="ei"),  # expected improvement over the best measured
+    Variant("ei-no-plateau", acquisition="ei", explore=0.0),
     Variant("no-plateau", explore=0.0),  # residual field, never widened
     Variant("patience-3", patience=3),  # widened after 3 trials without a 1% gain
     Variant("explore-4", explore=4.0),  # widened twice as far
