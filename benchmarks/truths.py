@@ -76,14 +76,15 @@ class Truth:
     def answer(self, layout: ParallelLayout) -> Answer:
         raise NotImplementedError
 
-    def measure(self, layout: ParallelLayout) -> TrialResult:
-        """What a trial of ``layout`` reports on this machine (same answer every time)."""
+    def measure(self, layout: ParallelLayout, *, noisy: bool = True) -> TrialResult:
+        """What a trial of ``layout`` reports on this machine (same answer every time);
+        without ``noisy``, the layout's own mean throughput (what repeated runs average)."""
         space = self.space
         answer = self.answer(layout)
         peak = answer.peak_bytes * self.mem_factor
         if peak > space.memory_limit_bytes:
             return TrialResult(status=TrialState.OOM, error=f"needs {peak / GIB:.1f} GiB")
-        noise = math.exp(_rng(self.seed, layout, "noise").gauss(0.0, NOISE))
+        noise = math.exp(_rng(self.seed, layout, "noise").gauss(0.0, NOISE)) if noisy else 1.0
         step = answer.step_s * noise
         if step * space.timed_steps > space.trial_timeout_s:
             return TrialResult(status=TrialState.TIMEOUT, error=f"{step:.3g} s per step")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parsearch.search.residual import Plateau, ResidualField
+from parsearch.search.residual import Plateau, ResidualField, log_expected_improvement
 from parsearch.search.strategy import GuidedStrategy
 from parsearch.space import load_space
 
@@ -65,3 +65,21 @@ def test_a_stuck_search_ranks_unexplored_layouts_higher(space):
         assert not np.allclose(calm, stuck)
     finally:
         strategy.close()
+
+
+def test_expected_improvement_prefers_the_unknown_over_a_known_near_miss():
+    log_best = 0.0
+    # Just below the best and well known (a sibling of the incumbent), against 10% below
+    # and never checked.
+    known, unknown = log_expected_improvement(
+        np.array([-0.02, -0.10]), np.array([0.03, 0.2]), log_best
+    )
+    assert unknown > known
+    # Higher means rank higher at equal spread, and the far tail (asymptotic form) keeps
+    # ranking them, continuously where the two forms meet.
+    means = np.linspace(-3.0, 0.5, 200)
+    values = log_expected_improvement(means, np.full_like(means, 0.2), log_best)
+    assert np.all(np.diff(values) > 0)
+    z = np.array([-6.0 - 1e-9, -6.0 + 1e-9])
+    edge = log_expected_improvement(z * 0.2, np.full(2, 0.2), log_best)
+    assert abs(edge[0] - edge[1]) < 0.05

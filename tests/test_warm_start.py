@@ -1,16 +1,26 @@
 """``parsearch run --warm-start OTHER.db``: a 1T search calibrated by a 175B campaign."""
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.cli import main
 from parsearch.query import load_warm_start
 from parsearch.result import TrialState
+from parsearch.search.calibration import MemoryCalibration
+from parsearch.search.local_memory import MAX_MARGIN
 from parsearch.search.strategy import StrategyError, make_strategy
-from parsearch.search.warm_start import WarmStartError
+from parsearch.search.warm_start import (
+    MARGIN_PER_STEP,
+    SAME_SHAPE_MARGIN,
+    WarmStartError,
+    distance,
+    transfer_margin,
+)
 from parsearch.space import load_space
 from parsearch.store import open_store
 
@@ -18,6 +28,8 @@ ROOT = Path(__file__).parent.parent
 GPT175 = ROOT / "search_spaces" / "gpt-175b-frontier.yaml"
 GPT1T = ROOT / "search_spaces" / "gpt-1t-frontier.yaml"
 MACHINE = {"mem_factor": "1.15", "mem_offset": "1GiB"}
+GIB = 2**30
+SPACES = ("gpt-22b-frontier", "gpt-175b-frontier", "gpt-1t-frontier", "llama3-8b-h200")
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +50,11 @@ def test_warm_start_calibrates_before_the_first_trial(source):
         fit = warm.estimate.memory.fit
         assert fit.peak(50 * 2**30) == pytest.approx(1.15 * 50 * 2**30 + 2**30, rel=0.01)
         assert len(warm.candidates) < len(cold.candidates), "the wall moved down"
+        # Nothing is proposed beyond the transferred fit's uncertainty (175B -> 1T: 5%).
+        assert fit.margin == pytest.approx(-transfer_margin(distance(load_space(GPT175), space)))
         first = warm.ask(4)
-        assert all(fit.peak(p.prediction.memory.total) <= space.memory_limit_bytes for p in first)
+        wall = space.memory_limit_bytes * (1 - fit.margin)
+        assert all(fit.peak(p.prediction.memory.total) <= wall for p in first)
     finally:
         cold.close()
         warm.close()
@@ -111,3 +126,51 @@ def test_unknown_campaign_and_empty_campaign(source, tmp_path):
 def test_warm_start_needs_the_default_strategy(source):
     with pytest.raises(StrategyError, match="default strategy"):
         make_strategy("random", load_space(GPT1T), seed=0, warm_start=load_warm_start(source))
+
+
+def test_distance_counts_doublings_of_what_memory_depends_on():
+    spaces = {n: load_space(ROOT / "search_spaces" / f"{n}.yaml") for n in SPACES}
+    for name, space in spaces.items():
+        assert distance(space, space) == 0.0, name
+    gpt175, gpt1t, gpt22 = (
+        spaces["gpt-175b-frontier"],
+        spaces["gpt-1t-frontier"],
+        spaces["gpt-22b-frontier"],
+    )
+    assert distance(gpt175, gpt1t) == pytest.approx(distance(gpt1t, gpt175))
+    # Same machine: the model size and the allocation size are what differ.
+    assert 3 < distance(gpt175, gpt1t) < distance(gpt22, gpt1t)
+    other_precision = replace(gpt175, estimate=replace(gpt175.estimate, precision="fp16"))
+    assert distance(gpt175, other_precision) == 1.0
+
+
+def test_transfer_margin_grows_with_distance_and_is_capped():
+    assert transfer_margin(0.0) == SAME_SHAPE_MARGIN
+    assert transfer_margin(2.0) == pytest.approx(SAME_SHAPE_MARGIN + 2 * MARGIN_PER_STEP)
+    assert transfer_margin(4.0) > transfer_margin(2.0)
+    assert transfer_margin(100.0) == MAX_MARGIN
+
+
+def test_a_transferred_fit_prunes_only_beyond_its_uncertainty_until_own_evidence():
+    """A layout the transferred fit puts 3% over the wall is kept while only transferred
+    measurements speak (a 5% uncertainty), and pruned once this campaign measures."""
+    limit = 64 * GIB
+    memory = MemoryCalibration(limit)
+    for predicted in (40, 50, 60):
+        memory.add_peak(predicted * GIB, 1.1 * predicted * GIB, 0.5, transferred=True)
+    memory.transferred(0.05)
+    over = np.array([1.03 * limit / 1.1])
+    assert memory.fits(over)[0]
+    assert not memory.fits(np.array([1.06 * limit / 1.1]))[0]
+    memory.add_peak(30 * GIB, 33 * GIB)  # the campaign's own first measurement
+    assert memory.fit.margin > 0
+    assert not memory.fits(over)[0]
+
+
+def test_own_out_of_memory_ends_the_transferred_band():
+    memory = MemoryCalibration(64 * GIB)
+    memory.add_peak(50 * GIB, 55 * GIB, 0.5, transferred=True)
+    memory.transferred(0.05)
+    assert memory.fit.margin == -0.05
+    memory.add_oom(58 * GIB)
+    assert memory.fit.margin >= 0

@@ -41,7 +41,8 @@ STEP_PARTS: tuple[str, ...] = ("compute", "small_gemm", "tp_comm", "p2p", "dp_co
 
 @dataclass(frozen=True)
 class MemoryFit:
-    """``calibrated(p) = lift·(slope·p + offset)``, usable up to ``limit·(1 - margin)``."""
+    """``calibrated(p) = lift·(slope·p + offset)``, usable up to ``limit·(1 - margin)``
+    (a negative margin: beyond the limit, within a transferred fit's uncertainty)."""
 
     slope: float = 1.0
     offset_bytes: float = 0.0
@@ -74,7 +75,14 @@ class MemoryCalibration:
       ``first_margin / (weight of measurements)``, a caution that fades as measurements
       agree with each other: the best layouts sit within a per cent or two of the wall.
       It never exceeds :data:`~parsearch.search.local_memory.MAX_MARGIN`: a fit that
-      spreads more is the wrong shape, which local evidence corrects, not a margin.
+      spreads more is the wrong shape, which local evidence corrects, not a margin;
+    * measurements transferred from another campaign (a warm start) and none of this
+      campaign's own yet: the margin is ``-transfer_margin``, the transferred fit's own
+      uncertainty (:func:`~parsearch.search.warm_start.transfer_margin`, growing with how
+      far the source is from this campaign). A layout is then pruned only when it is out
+      of memory even at the optimistic end of that uncertainty: pruning is final, while
+      an out-of-memory trial is one trial that teaches the calibration this campaign's own
+      wall (the first own measurement ends the transferred band).
     """
 
     def __init__(
@@ -89,20 +97,35 @@ class MemoryCalibration:
         self.first_margin = first_margin
         self._peaks: list[tuple[float, float, float]] = []
         self._ooms: list[tuple[float, float]] = []
+        self._own = 0  # this campaign's own measurements (peaks and out-of-memory trials)
+        self.transfer_margin = 0.0
         self._fit: MemoryFit | None = MemoryFit()
 
-    def add_peak(self, predicted: float, measured: float, weight: float = 1.0) -> None:
-        """A trial predicted to need ``predicted`` bytes peaked at ``measured``."""
+    def add_peak(
+        self, predicted: float, measured: float, weight: float = 1.0, *, transferred: bool = False
+    ) -> None:
+        """A trial predicted to need ``predicted`` bytes peaked at ``measured`` (in another
+        campaign: ``transferred``)."""
         if predicted > 0 and measured > 0 and weight > 0:
             self._peaks.append((float(predicted), float(measured), float(weight)))
+            self._own += not transferred
             self._fit = None
 
-    def add_oom(self, predicted: float, limit_bytes: float | None = None) -> None:
+    def add_oom(
+        self, predicted: float, limit_bytes: float | None = None, *, transferred: bool = False
+    ) -> None:
         """A trial predicted to need ``predicted`` bytes ran out of ``limit_bytes``."""
         if predicted > 0:
             limit = self.limit_bytes if limit_bytes is None else float(limit_bytes)
             self._ooms.append((float(predicted), limit))
+            self._own += not transferred
             self._fit = None
+
+    def transferred(self, margin: float) -> None:
+        """The measurements added so far come from another campaign, whose fit is this
+        uncertain here (a relative ``margin``); see the class docstring."""
+        self.transfer_margin = float(margin)
+        self._fit = None
 
     @property
     def measurements(self) -> int:
@@ -141,6 +164,8 @@ class MemoryCalibration:
         relative = (m - (slope * p + offset)) / m
         spread = 2.5 * 1.4826 * _weighted_median(np.abs(relative), w)
         margin = min(max(spread, self.first_margin / w.sum()), MAX_MARGIN)
+        if self._own == 0 and self.transfer_margin > 0:
+            margin = -self.transfer_margin
         return self._lifted(MemoryFit(slope, offset, 1.0, margin))
 
     def _lifted(self, fit: MemoryFit) -> MemoryFit:

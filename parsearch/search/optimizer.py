@@ -96,6 +96,7 @@ class BayesianOptimizer:
             self._sampler = _PermutationSampler(self._table(allowed), seed)
             problem.set_sampling_fn(self._sampler)
             n_points = min(n_points, len(self._sampler.table))
+        self._told: list[tuple[Point, Objective]] = []
         self._log_dir = owned_tempdir("cbo")  # removed by a later run if this one is killed
         self._search = CBO(
             problem,
@@ -115,23 +116,31 @@ class BayesianOptimizer:
         if n <= 0:
             return []
         with _quiet():
+            self._flush()
             return [self._decode(point) for point in self._search.ask(n)]
 
     def tell(self, results: Sequence[tuple[Mapping[str, Any], Objective]]) -> None:
-        """Objectives to maximise, or ``"F_<reason>"`` for failed points."""
-        if not results:
-            return
-        told = [(self._encode(point), value) for point, value in results]
-        with _quiet():
+        """Objectives to maximise, or ``"F_<reason>"`` for failed points.
+
+        Held until the next :meth:`ask`: DeepHyper refits its surrogate and scores its
+        sampled points on every tell (most of the driver's time per trial at a few hundred
+        trials), which only matters when it is asked; a strategy that asks it for one
+        trial in three then pays for one refit, not three, with the same data.
+        """
+        self._told += [(self._encode(point), value) for point, value in results]
+
+    def _flush(self) -> None:
+        if self._told:
+            told, self._told = self._told, []
             self._search.tell(told)
 
     def restrict(self, allowed: Sequence[Point]) -> None:
         """Draw from ``allowed`` from now on, in place of the points given at construction.
 
         For a strategy whose idea of what may run changes as trials come in (a calibrated
-        memory estimate). DeepHyper draws the points it scores when it is told results, so
-        the change applies from the next :meth:`tell`. No more than the number of points
-        given at construction are scored per tell.
+        memory estimate). DeepHyper draws the points it scores when it is told results,
+        which happens at the next :meth:`ask`, so the change applies from then. No more
+        than the number of points given at construction are scored per tell.
         """
         if self._sampler is None:
             raise ValueError("restrict() needs an optimizer built with allowed points")

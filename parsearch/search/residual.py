@@ -13,6 +13,7 @@ is known, which :class:`Plateau` turns into exploration once the search stops im
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,7 +49,7 @@ class ResidualField:
         # measurements' covariance, L⁻¹ times their covariance with every item, and the
         # posterior variance of every item.
         self._factor = np.zeros((0, 0))
-        self._projection = np.zeros((0, len(layouts)))
+        self._rows = np.zeros((0, len(layouts)))  # the first len(_items) rows are used
         self._variance = np.full(len(layouts), amplitude**2)
 
     def add(self, item: int, objective: float) -> None:
@@ -66,7 +67,11 @@ class ResidualField:
         factor[size, size] = pivot
         new = (covariance - row @ self._projection) / pivot
         self._factor = factor
-        self._projection = np.vstack([self._projection, new])
+        if size == len(self._rows):  # grow the buffer by doubling, not a copy per trial
+            rows = np.zeros((max(16, 2 * size), len(new)))
+            rows[:size] = self._rows
+            self._rows = rows
+        self._rows[size] = new
         self._variance = np.maximum(self._variance - new * new, 1e-12)
         self._items.append(item)
         self._objectives.append(float(objective))
@@ -74,6 +79,10 @@ class ResidualField:
     @property
     def measurements(self) -> int:
         return len(self._items)
+
+    @property
+    def _projection(self) -> np.ndarray:
+        return self._rows[: len(self._items)]
 
     def posterior(self, calibrated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the log residual of every item, given the
@@ -86,11 +95,39 @@ class ResidualField:
 
 
 def _forward(lower: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``lower⁻¹ b`` for a lower-triangular ``lower`` (forward substitution)."""
-    x = np.zeros_like(b)
-    for i in range(len(b)):
-        x[i] = (b[i] - lower[i, :i] @ x[:i]) / lower[i, i]
-    return x
+    """``lower⁻¹ b`` for a lower-triangular ``lower`` (LAPACK: a Python loop of forward
+    substitution cost more at a few hundred measurements)."""
+    return np.linalg.solve(lower, b) if len(b) else np.zeros_like(b)
+
+
+def log_expected_improvement(
+    log_mean: np.ndarray, spread: np.ndarray, log_best: float
+) -> np.ndarray:
+    """``log E[max(0, f - best)]`` in log-objective units, for ``f ~ N(log_mean, spread²)``.
+
+    A layout the field expects just below the best measured, and knows well (a sibling of
+    the incumbent), can hardly beat it; one expected a little lower but never checked can:
+    ranking by expected improvement rather than by the mean stops the search from spending
+    trial after trial on variants of its incumbent. Computed in logs (an asymptotic form
+    far below the best) so that layouts with a vanishing improvement still rank by it.
+    """
+    spread = np.maximum(spread, 1e-9)
+    z = (log_mean - log_best) / spread
+    out = np.empty_like(z)
+    near = z > -6.0
+    zn = z[near]
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in zn]))
+    pdf = np.exp(-0.5 * zn * zn) / math.sqrt(2.0 * math.pi)
+    out[near] = np.log(spread[near]) + np.log(np.maximum(zn * cdf + pdf, 1e-300))
+    zf = z[~near]  # z·Φ(z) + φ(z) ≈ φ(z)·(1 - 3/z²) / z² for z → -∞
+    out[~near] = (
+        np.log(spread[~near])
+        - 0.5 * zf * zf
+        - 0.5 * math.log(2.0 * math.pi)
+        - 2.0 * np.log(-zf)
+        + np.log1p(-3.0 / (zf * zf))
+    )
+    return out
 
 
 class Plateau:

@@ -31,7 +31,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
-from parsearch.search.residual import Plateau, ResidualField
+from parsearch.search.residual import Plateau, ResidualField, log_expected_improvement
 from parsearch.search.warm_start import WarmStart
 from parsearch.space import SearchSpace
 
@@ -171,6 +171,7 @@ class GuidedStrategy(Strategy):
         residual: bool = True,
         patience: int = 6,
         explore: float = 2.0,
+        acquisition: str = "mean",
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
@@ -187,6 +188,7 @@ class GuidedStrategy(Strategy):
         self.residual = ResidualField([c.layout for c in items]) if residual else None
         self.plateau = Plateau(patience)
         self.explore = explore
+        self.acquisition = acquisition
         self._made = 0  # proposals after the initial ones, for the optimizer's share
         self._pending: set[str] = set()
         if n_seeds is None:
@@ -228,6 +230,9 @@ class GuidedStrategy(Strategy):
             return objective
         mean, spread = self.residual.posterior(objective)
         kappa = self.explore if self.plateau.stuck else 0.0
+        if self.acquisition == "ei" and self.plateau.best > 0:
+            log_mean = np.log(objective) + mean + kappa * spread
+            return log_expected_improvement(log_mean, spread, np.log(self.plateau.best))
         return objective * np.exp(mean + kappa * spread)
 
     def _unseen_ranked(self) -> list[Candidate]:
