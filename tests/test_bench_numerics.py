@@ -63,13 +63,19 @@ SLOW_LAUNCHES = {
     ],
 }
 ALL = LAUNCHES | SLOW_LAUNCHES
-LAYOUTS = [
-    *(pytest.param(key, id="tp{}pp{}dp{}".format(*key)) for key in LAUNCHES),
-    *(
-        pytest.param(key, id="tp{}pp{}dp{}".format(*key), marks=pytest.mark.slow)
-        for key in SLOW_LAUNCHES
-    ),
-]
+
+
+def _layout(key: tuple[int, int, int]) -> pytest.ParameterSet:
+    """One launch's tests, which share its results: one xdist worker runs them (their own
+    group, finer than the module's, so the launches spread over the workers)."""
+    name = "tp{}pp{}dp{}".format(*key)
+    marks = [pytest.mark.xdist_group(f"bench-numerics-{name}")]
+    if key in SLOW_LAUNCHES:
+        marks.append(pytest.mark.slow)
+    return pytest.param(key, id=name, marks=marks)
+
+
+LAYOUTS = [_layout(key) for key in ALL]
 
 pytestmark = pytest.mark.multiprocess
 
