@@ -10,9 +10,10 @@ before xdist reads them, so that nothing is run twice or concurrently that must 
 * every test that starts a local Ray cluster (marker ``ray``) runs on one worker, one
   cluster at a time.
 
-Under xdist, each worker also runs the ``slow`` tests first, so that the longest ones start
-early and the last minutes are not one worker finishing a long test while the other idles.
-A run without ``-n`` keeps the files' order.
+Under xdist the ``slow`` tests are also handed out first (after the groups of several tests,
+which xdist sends first), so that the longest ones start early and the last minutes are not
+one worker finishing a long test while the other idles. A run without ``-n`` keeps the
+files' order.
 """
 
 from __future__ import annotations
