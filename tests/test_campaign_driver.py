@@ -2,7 +2,6 @@
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from parsearch.campaign.driver import Outcome
 from parsearch.campaign.lease import Lease
+from parsearch.campaign.observers import Observers
 from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
 from parsearch.errors import BackendError, CampaignLockedError, StoreError
 from parsearch.result import TrialState
@@ -98,17 +98,34 @@ def test_settings_are_checked_before_the_campaign_exists(tmp_path):
     assert summary.campaign.settings["backend_settings"]["slots"] == 1
 
 
-def _signal_soon(sig, after_s):
-    timer = threading.Timer(after_s, os.kill, (os.getpid(), sig))
-    timer.start()
-    return timer
+class _SignalAfterFirstTrial:
+    """An observer that sends ``sig`` to this process once the first trial is stored: the
+    signal lands mid-campaign, with the driver's handlers in place, however long the
+    session took to start (a timer could fire while DeepHyper was still loading)."""
+
+    name = "signal-after-first-trial"
+
+    def __init__(self, sig: signal.Signals):
+        self.sig = sig
+        self.sent = False
+
+    def trial_finished(self, campaign, record) -> None:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.sig)
+
+    def close(self) -> None:
+        pass
 
 
 def test_a_signal_drains_then_resume_continues_to_the_budget(tmp_path):
     db = tmp_path / "c.db"
-    _signal_soon(signal.SIGUSR1, 1.0)
+    signaller = _SignalAfterFirstTrial(signal.SIGUSR1)
     settings = _simulate(4, delay=0.3, jitter=0.5)
-    first = start_campaign(GPT175, db, budget=40, settings=settings)
+    first = start_campaign(
+        GPT175, db, budget=40, settings=settings, observers=Observers([signaller])
+    )
+    assert signaller.sent
     assert first.outcome is Outcome.STOPPED
     campaign, before = _trials(db)
     assert campaign.status is CampaignStatus.STOPPED

@@ -26,10 +26,12 @@ def test_a_campaign_stores_what_the_trainer_printed(tmp_path):
     import transformers  # noqa: F401  (the dev extra installs it; a missing one must fail)
 
     space = example_space(SPACE, tmp_path)
-    parsearch("run", str(space), "--store", str(tmp_path / "hf.db"), "--budget", "3",
+    # Two layouts: each trial starts torchrun and two workers that import transformers.
+    parsearch("run", str(space), "--store", str(tmp_path / "hf.db"), "--budget", "2",
               "--quiet", "--backend-opt", f"workdir={tmp_path / 'trials'}")  # fmt: skip
     frame = results(tmp_path / "hf.db")
-    assert list(frame["state"]) == ["ok"] * 3
+    assert list(frame["state"]) == ["ok"] * 2
+    assert len(set(zip(frame["mbs"], frame["gas"], strict=True))) == 2
     assert set(frame["dp"]) == {2}
     for _, trial in frame.iterrows():
         log = (tmp_path / "trials").glob(f"*-{trial['number']:05d}-a1/rank0.log")

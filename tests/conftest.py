@@ -1,0 +1,44 @@
+"""How the suite is spread over pytest-xdist workers (``scripts/test.sh`` runs ``-n 2
+--dist loadgroup``): most tests wait (on sleeps, timeouts, process start-up), so two workers
+on two cores finish far sooner than one.
+
+``loadgroup`` sends tests with the same ``xdist_group`` to one worker. Groups are added here,
+before xdist reads them, so that nothing is run twice or concurrently that must not be:
+
+* the tests of a module that share a module-scoped fixture (a campaign, a launch) run on one
+  worker, which sets the fixture up once; a test's own ``xdist_group`` (a finer one) wins;
+* every test that starts a local Ray cluster (marker ``ray``) runs on one worker, one
+  cluster at a time.
+
+Under xdist the ``slow`` tests are also handed out first (after the groups of several tests,
+which xdist sends first), so that the longest ones start early and the last minutes are not
+one worker finishing a long test while the other idles. A run without ``-n`` keeps the
+files' order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The worker group ``item`` must share, if any."""
+    if item.get_closest_marker("xdist_group"):
+        return None  # the test chose its own
+    if item.get_closest_marker("ray"):
+        return "ray"
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures else ()
+    if any(d.scope == "module" for defs in definitions for d in defs):
+        return item.module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the groups to the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
