@@ -1,6 +1,5 @@
-"""Queries stay cheap at 30 000 trials: a query that scanned the trials would cost far
-more than the bounds below (benchmarks/store_queries.py times them at 100 000). Cost is
-counted in SQLite virtual-machine instructions, which load cannot change."""
+"""Queries stay cheap at 100 000 trials. Cost is counted in SQLite virtual-machine
+instructions, which load cannot change; the benchmark reports the real times."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import pytest
 from parsearch.result import TrialState
 from parsearch.store import SQLiteStore
 
-TRIALS = 30_000
+TRIALS = 100_000
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "store_queries.py"
 
 
@@ -45,7 +44,7 @@ def instructions(store: SQLiteStore, query: Callable[[], object]) -> int:
 
 
 @pytest.mark.slow
-def test_queries_at_30_000_trials(tmp_path: Path) -> None:
+def test_queries_at_100_000_trials(tmp_path: Path) -> None:
     bench = load_benchmark()
     path = tmp_path / "big.db"
     campaign_id = bench.fill(path, TRIALS)
