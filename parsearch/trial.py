@@ -13,6 +13,11 @@ from typing import Any
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 
 
+def nodes_spanned(layout: ParallelLayout, allocation: AllocationSpec) -> int:
+    """Nodes of ``allocation`` a trial of ``layout`` spans (a proxy fewer than the whole)."""
+    return max(1, -(-layout.world_size // allocation.devices_per_node))
+
+
 @dataclass
 class TrialSpec:
     """Everything a worker needs to run one layout, and nothing about the search.
@@ -34,8 +39,7 @@ class TrialSpec:
 
     @property
     def nodes(self) -> int:
-        per_node = self.allocation.devices_per_node
-        return max(1, -(-self.layout.world_size // per_node))
+        return nodes_spanned(self.layout, self.allocation)
 
     @property
     def ranks_per_node(self) -> int:

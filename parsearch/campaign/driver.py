@@ -50,7 +50,7 @@ from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace
 from parsearch.store import Campaign, Store, TrialRecord
-from parsearch.trial import TrialSpec
+from parsearch.trial import TrialSpec, nodes_spanned
 
 # How long an idle backend may report no free slot before the driver calls it an error:
 # Ray holds a finished trial's placement group until its actors have closed (seconds on a
@@ -227,7 +227,8 @@ class Driver:
         backend has room for its nodes; ask for one more trial while a node is free."""
         while self.settings.budget - self.finished - len(self.running) > 0:
             if self.queue:
-                if room_for(self.backend, self._nodes(self.queue[0])) <= 0:
+                nodes = nodes_spanned(self.queue[0].run_layout, self.space.allocation)
+                if room_for(self.backend, nodes) <= 0:
                     return False
                 self._launch(self.queue.popleft())
                 continue
@@ -238,9 +239,6 @@ class Driver:
                 return True
             self.queue.extend(self._add(proposals))
         return False
-
-    def _nodes(self, record: TrialRecord) -> int:
-        return max(1, -(-record.run_layout.world_size // self.space.allocation.devices_per_node))
 
     def _add(self, proposals: list[Proposal]) -> list[TrialRecord]:
         """Record the proposals as queued trials; those that break a rule are finished at
