@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from parsearch.campaign.progress import Progress
+from parsearch.campaign.scaling import run_study
 from parsearch.cli import main
 from parsearch.store import open_store
 
@@ -149,6 +151,32 @@ def test_a_stopped_study_continues_without_losing_or_repeating(tmp_path, capsys)
     assert all(len(trials) == 1 for trials in after.values())
     for name, done in before.items():  # what finished before is kept as it was
         assert [(t.id, t.finished_at) for t in after[name]][: len(done)] == done
+
+
+class _SignalAsFirstSizeEnds(Progress):
+    """Sends this process SIGTERM as the first size's campaign closes its display, after its
+    last trial: the moment a real job's time limit can strike between two sizes."""
+
+    def __init__(self) -> None:
+        super().__init__(enabled=False)
+        self.sent = False
+
+    def close(self) -> None:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_after_a_sizes_last_trial_stops_the_study(tmp_path):
+    store = tmp_path / "s.db"
+    _parent(store, _pinned_175b(tmp_path), "--backend", "simulate", "--budget", "1")
+    before = signal.getsignal(signal.SIGTERM)
+    study = run_study(store, name=None, nodes=[32, 64, 128], mode="weak",
+                      progress=_SignalAsFirstSizeEnds())  # fmt: skip
+    assert not study.complete
+    assert [p.state for p in study.points].count("ok") == 1
+    assert sum(map(len, _children(store).values())) == 1
+    assert signal.getsignal(signal.SIGTERM) == before  # the handlers are put back
 
 
 @pytest.mark.multiprocess

@@ -199,7 +199,7 @@ def _run_sizes(
 ) -> bool:
     """Run each size's child campaign, all on one backend (an MPI job's workers serve one
     backend); whether every size finished."""
-    stop = StopRequest()  # a signal between two sizes stops the study before the next
+    stop = StopRequest()  # shared with each size's campaign: a signal stops the study there
     space = space_from_dict(parent.space, source=f"campaign '{parent.name}'")
     with stop.on_signals():
         backend = create_backend(
@@ -219,6 +219,7 @@ def _run_sizes(
                     progress=progress,
                     resume_overrides=overrides,
                     backend=backend,
+                    stop=stop,
                 )
                 if not summary.outcome.complete:
                     return False

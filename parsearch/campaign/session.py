@@ -144,6 +144,7 @@ def start_campaign(
     observers: Observers | None = None,
     backend: Backend | None = None,
     parts: _Parts | None = None,
+    stop: StopRequest | None = None,
 ) -> SessionSummary:
     """Create a campaign for the space at ``space_path`` and run it (``budget`` defaults
     to :data:`DEFAULT_BUDGET`); a :class:`SearchSpace` built in memory (a scaling study's
@@ -157,7 +158,8 @@ def start_campaign(
     (a scaling study runs all its sizes on one MPI job's workers). ``parts`` (a strategy
     and backend built by the caller, :func:`parsearch.campaign.api.run_campaign`) stand
     for the settings' names; the campaign owns them from the call on: they are closed
-    whatever happens.
+    whatever happens. ``stop``, when given, is the caller's: a signal that reaches this
+    campaign after its last trial still stops the caller (a scaling study's next size).
     """
     try:
         if isinstance(space_path, SearchSpace):
@@ -177,7 +179,7 @@ def start_campaign(
         if parts is not None:
             parts.close()
         raise
-    stop = StopRequest()
+    stop = stop or StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
             if parts is not None:
