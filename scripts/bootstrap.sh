@@ -12,10 +12,16 @@ fi
 stamp=".venv/.parsearch-installed"
 want="$(cat pyproject.toml constraints/dev.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -c constraints/dev.txt -e ".[dev]"
-    # DeepSpeed compiles its CPU collective op on first use (under ~/.cache/torch_extensions);
-    # once here, so no trial of a test pays minutes for it inside its timeout.
-    .venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null 2>&1 || echo "bootstrap: DeepSpeed's CPU op did not build now; its first trial will build it" >&2
+    # uv installs the ~150 packages in about 15 s where pip takes 2.5 min. uv reads no
+    # pip.conf, so it is handed pip's find-links: where the development machines keep the
+    # CPU torch build (without it the pin would fetch a multi-GB CUDA build).
+    .venv/bin/python -m pip install --quiet -c constraints/dev.txt uv
+    links=()
+    for dir in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null) \
+        ${PIP_FIND_LINKS:-}; do
+        [[ " ${links[*]} " == *" $dir "* ]] || links+=(--find-links "$dir")
+    done
+    .venv/bin/python -m uv pip install --quiet --python .venv/bin/python "${links[@]}" \
+        -c constraints/dev.txt -e ".[dev]"
     echo "$want" > "$stamp"
 fi

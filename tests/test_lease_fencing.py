@@ -22,6 +22,7 @@ from parsearch.errors import CampaignLockedError, UsageError
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import SQLiteStore, open_store
 from parsearch.store.liveness import process_identity, provably_dead
+from parsearch.store.records import LeaseHolder
 from parsearch.store.schema import MIGRATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +193,11 @@ def test_a_version_2_store_with_a_held_lease_is_upgraded(tmp_path: Path) -> None
         assert trial.number == 0
 
 
+def _lease_holder(db: Path) -> LeaseHolder | None:
+    with open_store(db, readonly=True) as store:
+        return store.lease_holder(store.get_campaign().id)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_driver_paused_past_its_lease_wakes_and_writes_nothing(tmp_path: Path) -> None:
@@ -220,7 +226,14 @@ def test_a_driver_paused_past_its_lease_wakes_and_writes_nothing(tmp_path: Path)
             [sys.executable, "-m", "parsearch", "resume", "--store", str(db), *common],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(3)  # B re-runs A's trial (attempt 2), which A had nearly finished
+        # B takes the lease over (its start-up alone can take seconds on a loaded machine;
+        # A woken before then would find its lease stale but untaken, and rightly go on),
+        # then re-runs A's trial (attempt 2), which A had nearly finished.
+        deadline = time.monotonic() + 120
+        while (holder := _lease_holder(db)) is None or holder.pid != b.pid:
+            assert time.monotonic() < deadline and b.poll() is None, "B never took the lease"
+            time.sleep(0.1)
+        time.sleep(1)
         a.send_signal(signal.SIGCONT)
         _, a_err = a.communicate(timeout=120)
         b_out, b_err = b.communicate(timeout=300)
