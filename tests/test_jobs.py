@@ -375,7 +375,9 @@ def test_frontier_chain_drains_keeps_its_successor_which_finishes_with_the_same_
     assert carried["STORE"] == env["STORE"] and carried["GRACE"] == "20"
     successor = {key: value for key, value in cluster.items()}
     successor.update(carried, SLURM_JOB_ID="5001", SHIM_SCRIPT=str(script))
-    successor["PARSEARCH_ARGS"] = "--backend simulate"  # no delay: finish quickly
+    # The stored delay would otherwise carry over (a resume keeps the campaign's backend
+    # options): without it, the rest finishes quickly.
+    successor["PARSEARCH_ARGS"] = "--backend simulate --backend-opt delay=0"
     rerun = subprocess.run(["bash", str(script)], env=successor, cwd=ROOT, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
