@@ -34,6 +34,7 @@ import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,48 +77,66 @@ class BayesianOptimizer:
         allowed: Sequence[Point] | None = None,
         n_initial_points: int | None = None,
     ):
-        from deephyper.hpo import CBO, HpProblem
-
-        settings = settings or CBOSettings()
+        self._settings = settings or CBOSettings()
         logging.getLogger("deephyper").setLevel(logging.WARNING)
         self.names = tuple(dimensions)
+        self._dimensions = {name: list(values) for name, values in dimensions.items()}
         self._codes = {
             name: {value: index for index, value in enumerate(values)}
             for name, values in dimensions.items()
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
         }
         self._values = {name: list(codes) for name, codes in self._codes.items()}
-        problem = HpProblem()
-        for name, values in dimensions.items():
-            problem.add_hyperparameter(list(self._encode({name: v})[name] for v in values), name)
-        n_points = settings.n_points
         self._sampler: _PermutationSampler | None = None
         if allowed is not None:
             self._sampler = _PermutationSampler(self._table(allowed), seed)
+        self._seed = seed
+        self._n_initial_points = n_initial_points
+        self._told: list[tuple[Point, Objective]] = []
+        self._log_dir: Path | None = None
+        self._search: Any = None
+
+    def _cbo(self) -> Any:
+        """DeepHyper's search, built at the first :meth:`ask`: importing DeepHyper takes
+        seconds (it brings Ray, pandas, matplotlib and SciPy), which a campaign whose
+        trials all come from the estimate (short ones, the scaling study's, most tests')
+        never pays. Results are told at an ask in any case, so the search is the same."""
+        if self._search is not None:
+            return self._search
+        from deephyper.hpo import CBO, HpProblem
+
+        problem = HpProblem()
+        for name, values in self._dimensions.items():
+            problem.add_hyperparameter([self._encode({name: v})[name] for v in values], name)
+        n_points = self._settings.n_points
+        if self._sampler is not None:
             problem.set_sampling_fn(self._sampler)
             n_points = min(n_points, len(self._sampler.table))
-        self._told: list[tuple[Point, Objective]] = []
         self._log_dir = owned_tempdir("cbo")  # removed by a later run if this one is killed
         self._search = CBO(
             problem,
-            random_state=seed,
+            random_state=self._seed,
             log_dir=str(self._log_dir),
             checkpoint_history_to_csv=False,
-            surrogate_model=settings.surrogate_model,
-            acq_optimizer=settings.acq_optimizer,
+            surrogate_model=self._settings.surrogate_model,
+            acq_optimizer=self._settings.acq_optimizer,
             acq_optimizer_kwargs={"n_points": n_points, "max_total_failures": -1},
-            acq_func_kwargs={"kappa": settings.kappa},
-            multi_point_strategy=settings.multi_point_strategy,
-            n_initial_points=n_initial_points,
+            acq_func_kwargs={"kappa": self._settings.kappa},
+            multi_point_strategy=self._settings.multi_point_strategy,
+            n_initial_points=self._n_initial_points,
         )
+        return self._search
 
     def ask(self, n: int) -> list[Point]:
         """``n`` points (DeepHyper may repeat itself; the strategy dedupes)."""
         if n <= 0:
             return []
         with _quiet():
-            self._flush()
-            return [self._decode(point) for point in self._search.ask(n)]
+            search = self._cbo()
+            if self._told:
+                told, self._told = self._told, []
+                search.tell(told)
+            return [self._decode(point) for point in search.ask(n)]
 
     def tell(self, results: Sequence[tuple[Mapping[str, Any], Objective]]) -> None:
         """Objectives to maximise, or ``"F_<reason>"`` for failed points.
@@ -128,11 +147,6 @@ class BayesianOptimizer:
         trial in three then pays for one refit, not three, with the same data.
         """
         self._told += [(self._encode(point), value) for point, value in results]
-
-    def _flush(self) -> None:
-        if self._told:
-            told, self._told = self._told, []
-            self._search.tell(told)
 
     def restrict(self, allowed: Sequence[Point]) -> None:
         """Draw from ``allowed`` from now on, in place of the points given at construction.
@@ -148,7 +162,8 @@ class BayesianOptimizer:
             self._sampler.table = self._table(allowed)
 
     def close(self) -> None:
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def _table(self, points: Sequence[Point]) -> pd.DataFrame:
         return pd.DataFrame([self._encode(p) for p in points], columns=list(self.names))
