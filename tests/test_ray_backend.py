@@ -77,11 +77,14 @@ def test_bundles_of_one_and_two_nodes_and_a_killed_actor(tmp_path):
         assert backend.capacity == 4
         with open_store(tmp_path / "x.db") as store:
             run = Runner(backend, store, space)
-            # Two one-node trials and a two-node one fill the 4 CPUs.
+            # Two one-node trials and a two-node one fill the 4 CPUs; the room the driver
+            # sees for trials of each size (proxies are smaller) follows.
+            assert [backend.room_for(n) for n in (1, 2, 4)] == [4, 2, 1]
             run.submit(ParallelLayout(tp=1, pp=1, dp=2, mbs=4, gas=1))
+            assert [backend.room_for(n) for n in (1, 2, 4)] == [2, 1, 0]
             run.submit(ParallelLayout(tp=1, pp=1, dp=1, mbs=8, gas=1))
             run.submit(ParallelLayout(tp=1, pp=1, dp=1, mbs=4, gas=2))
-            assert backend.free_nodes() == 0
+            assert backend.free_nodes() == 0 and backend.room_for(1) == 0
             run.drain()
             # An actor killed mid-trial: error, its rank gone, and trials go on after it.
             killed = run.submit(ParallelLayout(tp=1, pp=1, dp=1, mbs=2, gas=4))
