@@ -179,7 +179,7 @@ def start_campaign(
         if parts is not None:
             parts.close()
         raise
-    stop = stop or StopRequest()
+    stop = stop if stop is not None else StopRequest()
     with stop.on_signals(), open_store(store_path) as store:
         if any(c.name == name for c in store.list_campaigns()):
             if parts is not None:

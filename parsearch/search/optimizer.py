@@ -78,7 +78,6 @@ class BayesianOptimizer:
         n_initial_points: int | None = None,
     ):
         self._settings = settings or CBOSettings()
-        logging.getLogger("deephyper").setLevel(logging.WARNING)
         self.names = tuple(dimensions)
         self._dimensions = {name: list(values) for name, values in dimensions.items()}
         self._codes = {
@@ -105,6 +104,7 @@ class BayesianOptimizer:
             return self._search
         from deephyper.hpo import CBO, HpProblem
 
+        logging.getLogger("deephyper").setLevel(logging.WARNING)
         problem = HpProblem()
         for name, values in self._dimensions.items():
             problem.add_hyperparameter([self._encode({name: v})[name] for v in values], name)
