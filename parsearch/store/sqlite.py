@@ -142,7 +142,10 @@ class SQLiteStore:
                 schema.migrate(conn, where)  # reads the version again, under the write lock
             return
         if version == 0:
-            raise StoreError(f"{where} is an empty database, not a parsearch store")
+            raise StoreError(
+                f"{where} is an empty database, not a parsearch store (yet: a `parsearch "
+                f"run` that is creating it writes its tables within a second; try again)"
+            )
         raise StoreError(
             f"store {where} has schema version {version} and this parsearch needs "
             f"{schema.SCHEMA_VERSION}; a command that writes (parsearch resume) upgrades it, "
