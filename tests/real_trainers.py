@@ -11,6 +11,9 @@ from pathlib import Path
 import yaml
 from process_census import survivors
 
+from parsearch.result import TrialState
+from parsearch.store import open_store
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "search_spaces" / "examples"
 
@@ -37,6 +40,17 @@ def parsearch(*args: str, timeout: float = 900) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def failed_trials(store: str) -> str:
+    """Each failed trial's error and log tail: an assertion's message, so that a CI log
+    says why an external trainer failed, not only that it did."""
+    with open_store(store, readonly=True) as opened:
+        return "\n".join(
+            f"trial {trial.number} ({trial.state.value}): {trial.error}\n{trial.log_tail}"
+            for trial in opened.trials(opened.get_campaign().id)
+            if trial.state is not TrialState.OK
+        )
 
 
 def start_campaign(space: Path, tmp_path: Path, budget: int = 1) -> subprocess.Popen:

@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from real_trainers import example_space, kill_9_leaves_nothing, parsearch
+from real_trainers import example_space, failed_trials, kill_9_leaves_nothing, parsearch
 
 from parsearch import results
 
@@ -30,7 +30,7 @@ def test_a_campaign_stores_what_the_trainer_printed(tmp_path):
     parsearch("run", str(space), "--store", str(tmp_path / "hf.db"), "--budget", "2",
               "--quiet", "--backend-opt", f"workdir={tmp_path / 'trials'}")  # fmt: skip
     frame = results(tmp_path / "hf.db")
-    assert list(frame["state"]) == ["ok"] * 2
+    assert list(frame["state"]) == ["ok"] * 2, failed_trials(str(tmp_path / "hf.db"))
     assert len(set(zip(frame["mbs"], frame["gas"], strict=True))) == 2
     assert set(frame["dp"]) == {2}
     for _, trial in frame.iterrows():

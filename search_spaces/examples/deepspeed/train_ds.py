@@ -36,6 +36,7 @@ import torch
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils.logging import set_log_level_from_string
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 
 
 class Embedding(nn.Module):
@@ -103,6 +104,7 @@ def token_batches(args: argparse.Namespace, micro: int, seed: int) -> Iterator[t
         yield ids, ids
 
 
+@record  # torchrun's summary then carries the traceback of a rank --local-ranks-filter hides
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deepspeed-config", default="ds_config.json")
