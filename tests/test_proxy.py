@@ -1,6 +1,7 @@
 """Proxy trials' full-scale correction against figures computed by hand from the formulas
 (ring all-reduce volume, Megatron's bytes per parameter), not from the estimate's code."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,11 +10,13 @@ from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.estimate import EstimateSettings, memory_per_rank
 from parsearch.estimate.machine import CollectiveFit, MachineProfile
 from parsearch.estimate.proxy import (
+    PRIOR_SPREAD,
     ProxyPlan,
     choose_proxy,
     fidelity_record,
     full_scale_figures,
     learned_correction,
+    learned_spread,
     proxy_delta,
     proxy_dps,
     proxy_oom_is_full_scale,
@@ -143,3 +146,12 @@ def test_fidelity_record_and_learned_correction():
     assert learned_correction([(100.0, 90.0), (100.0, 90.0)]) == pytest.approx(0.9)
     # Geometric mean: 0.5 and 2 cancel.
     assert learned_correction([(10.0, 5.0), (10.0, 20.0), (1.0, 0.0)]) == pytest.approx(1.0)
+
+
+def test_learned_spread_pools_the_confirmations_with_a_prior():
+    assert learned_spread([]) == PRIOR_SPREAD
+    assert learned_spread([(100.0, 90.0)]) == pytest.approx(PRIOR_SPREAD)  # one pair: no spread
+    # 0.5 and 2 about their mean 1: log 2 each; with the prior, sqrt((p^2 + 2 log^2 2) / 2).
+    expected = math.sqrt((0.1**2 + 2 * math.log(2) ** 2) / 2)
+    assert learned_spread([(10.0, 5.0), (10.0, 20.0)], prior=0.1) == pytest.approx(expected)
+    assert learned_spread([(10.0, 9.0)] * 50) == pytest.approx(PRIOR_SPREAD / math.sqrt(50))

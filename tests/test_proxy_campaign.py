@@ -79,7 +79,8 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
     before = _trials(db, recover=True)
     kept = {t.number: t for t in before if t.state.finished}
     cut = {t.number: t for t in before if not t.state.finished}
-    assert cut and all(t.proxy_dp is not None for t in kept.values())  # mid proxy phase
+    assert kept[0].proxy_dp is None and kept[0].origin != "confirm"  # the opening, at full scale
+    assert cut and all(t.proxy_dp is not None for t in kept.values() if t.number)  # mid proxies
 
     time.sleep(LEASE_S)
     resume = _parsearch("resume", "--store", str(db))
@@ -97,9 +98,11 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
         assert (after[number].key, after[number].proxy_dp) == (trial.key, trial.proxy_dp)
         assert after[number].attempt == trial.attempt + 1
     proxies = [t for t in after if t.proxy_dp is not None]
-    full = [t for t in after if t.proxy_dp is None]
-    assert full and all(t.origin == "confirm" for t in full)
-    assert {t.layout.key() for t in full} <= {t.layout.key() for t in proxies}
+    opening, *full = [t for t in after if t.proxy_dp is None]
+    assert opening.number == 0  # then confirmations, and the budget's last trial at full scale
+    assert all(t.origin == "confirm" or t.number == budget - 1 for t in full)
+    confirmed = {t.layout.key() for t in full if t.origin == "confirm"}
+    assert confirmed <= {t.layout.key() for t in proxies}
     assert any(_overlap(a, b) for a in proxies for b in proxies if a.number < b.number)
     for proxy in proxies:  # what it measured, next to what it predicts at full scale
         measured = proxy.metrics["fidelity"]["measured"]

@@ -149,6 +149,22 @@ def fidelity_record(plan: ProxyPlan, measured: dict[str, Any]) -> dict[str, Any]
     return {"kind": "proxy", "dp": plan.dp, "nodes": plan.nodes, "measured": dict(measured)}
 
 
+PRIOR_SPREAD = 0.05  # the estimate's DP-reduction error on unfamiliar networks: 5-10%
+
+
+def learned_spread(pairs: list[tuple[float, float]], prior: float = PRIOR_SPREAD) -> float:
+    """How far a corrected proxy prediction may be from the full-scale measurement: the
+    standard deviation of log(measured / predicted) about the learnt correction, pooled with
+    ``prior`` as if it were one more pair (so one or two confirmations cannot claim none)."""
+    logs = [
+        math.log(measured / predicted) for predicted, measured in pairs if predicted > 0 < measured
+    ]
+    if not logs:
+        return prior
+    mean = sum(logs) / len(logs)
+    return math.sqrt((prior**2 + sum((value - mean) ** 2 for value in logs)) / len(logs))
+
+
 def learned_correction(pairs: list[tuple[float, float]]) -> float:
     """The proxy->full-scale throughput correction from confirmations: the geometric mean of
     measured / predicted full-scale tokens/s over ``(predicted, measured)`` pairs (1 without

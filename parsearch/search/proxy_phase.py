@@ -9,18 +9,30 @@ is told each proxy's full-scale figures as the estimate predicts them from the p
 measurement (:func:`~parsearch.estimate.proxy.full_scale_figures`), times the correction
 learnt from confirmations.
 
+The campaign opens with the wrapped strategy's first pick measured at full scale
+(``open_full_scale``): where the estimate ranks the machine's layouts right, that pick is
+already the answer, and a proxy campaign then costs what full-scale search costs instead of
+a wave of proxies and a confirmation more (``benchmarks/README.md``, proxy campaigns); where
+it does not, the opening is the bar every proxy's prediction must clear to be confirmed. A
+budget too small for the opening, its calibration, a first wave and a confirmation has
+no opening.
+
 Confirmations are full-scale trials of layouts a proxy measured, best predicted first:
 
-* the first once the first ``explore_first`` proxies (the wrapped strategy's first seeds,
-  which differ in tp and pp) are all in: no other proxy starts before it, since a
+* the first once the first wave is all in (the wrapped strategy's first ``explore_first``
+  picks, which differ in tp and pp, and the opening's calibration): no other proxy starts
+  before it (nor, when the campaign opened, unless one is likely to beat the opening), since a
   confirmation needs the whole allocation and a later, longer proxy would hold it back;
-* another whenever a proxy is predicted more than ``margin`` above the best confirmed
-  figure (one confirmation at a time, so each learns from the last's correction);
+* another whenever a proxy's prediction, raised by how far predictions have missed so far
+  (:func:`~parsearch.estimate.proxy.learned_spread`: one global correction cannot fix an
+  error that depends on dp and placement), is more than ``margin`` above the best
+  confirmed figure (one confirmation at a time, so each learns from the last's);
 * the last trial of the budget is a confirmation while none has succeeded, so that a
   campaign's answer is a full-scale measurement unless the budget ends first.
 
-Each confirmation gives a (predicted, measured) pair, and the correction is their
-geometric mean ratio (:func:`~parsearch.estimate.proxy.learned_correction`). A proxy that
+Each confirmation (and the opening's calibration: a proxy of the opening, run with the
+first wave) gives a (predicted, measured) pair, and the correction is their geometric mean
+ratio (:func:`~parsearch.estimate.proxy.learned_correction`). A proxy that
 ran out of memory condemns its layout only when nothing is dp-sharded
 (:func:`~parsearch.estimate.proxy.proxy_oom_is_full_scale`); otherwise the layout is
 measured again on the next larger proxy, or, with none smaller than the allocation, given
@@ -33,6 +45,7 @@ trial order, so a resumed campaign decides as the interrupted one would have.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -43,6 +56,7 @@ from parsearch.estimate.proxy import (
     fidelity_record,
     full_scale_figures,
     learned_correction,
+    learned_spread,
     nodes_for,
     proxy_oom_is_full_scale,
 )
@@ -78,14 +92,18 @@ class ProxyPhase(Strategy):
         budget: int | None = None,
         margin: float = 0.02,
         explore_first: int | None = None,
+        open_full_scale: bool = True,
     ):
         super().__init__(inner.space, seed=inner.seed)
         self.inner = inner
         self.budget = budget
         self.margin = margin
         self.explore_first = explore_first or min(4, int(getattr(inner, "n_seeds", 4)))
+        self.open_full_scale = open_full_scale
         self._made = 0  # trials started (proxies and full scale), against the budget
         self._layouts: dict[str, ParallelLayout] = {}
+        self._proxy_order: dict[str, None] = {}  # keys measured by proxy, first started first
+        self._opening: str | None = None  # the key of the first pick, run at full scale
         self._predicted: dict[str, float] = {}  # full key -> uncorrected full-scale objective
         self._proxy_running: set[str] = set()
         self._full_running: set[str] = set()
@@ -115,6 +133,13 @@ class ProxyPhase(Strategy):
         return ()
 
     def _next(self) -> Proposal | None:
+        if self._opens and not self._layouts:  # the estimate's first pick, as is
+            return next(iter(self.inner.ask(1)), None)
+        if self._opening is not None and self._opening in self._full_running:
+            return None  # it holds the allocation, and sets the bar
+        calibration = self._calibration()
+        if calibration is not None:
+            return calibration
         if self._retry:
             key, min_dp = next(iter(self._retry.items()))
             del self._retry[key]
@@ -126,13 +151,35 @@ class ProxyPhase(Strategy):
             if self._proxy_running or self._full_running:
                 return None  # the last trial confirms what the running proxies find
             return next(iter(self.inner.ask(1)), None)  # nothing to confirm: full scale
-        first_wave = not self._measured and len(self._layouts) >= self.explore_first
-        if first_wave and (self._proxy_running or self._full_running):
+        if self._first_wave_pending():
             return None  # the first wave decides the first confirmation: nothing delays it
         for proposal in self.inner.ask(1):
             measured = self._measure(proposal.layout, proposal.origin, 1)
             return dataclasses.replace(measured, prediction=proposal.prediction)
         return None
+
+    def _calibration(self) -> Proposal | None:
+        """A proxy of the opening, once it measured, so that the first wave's predictions
+        carry a correction before any is compared with the opening's figure (without one, an
+        estimate that errs low for every proxy would confirm none)."""
+        key = self._opening
+        if key is None or key in self._proxy_order or self._measured.get(key) is None:
+            return None
+        space, layout = self.space, self._layouts[key]
+        if choose_proxy(space.model, layout, space.allocation, space.estimate, 1) is None:
+            return None
+        return self._measure(layout, "calibrate", 1)
+
+    def _first_wave_pending(self) -> bool:
+        """Whether the first ``explore_first`` proxies are started but not all in, or the
+        first confirmation of a proxy is running: no other proxy starts until then."""
+        wave = list(self._proxy_order)[: self._wave]
+        if len(wave) < self._wave:
+            return False
+        if any(key in self._proxy_running for key in wave):
+            return True
+        confirmed = any(k in self._measured for k in self._proxy_order if k != self._opening)
+        return not confirmed and any(key in self._full_running for key in self._proxy_order)
 
     def _measure(self, layout: ParallelLayout, origin: str, min_dp: int) -> Proposal:
         """A proxy of ``layout`` (the smallest predicted to fit, ``min_dp`` replicas or
@@ -140,6 +187,18 @@ class ProxyPhase(Strategy):
         space = self.space
         plan = choose_proxy(space.model, layout, space.allocation, space.estimate, min_dp)
         return Proposal(layout, origin, None if plan else space.predict(layout), proxy=plan)
+
+    @property
+    def _opens(self) -> bool:
+        """Whether the campaign opens at full scale: not when the opening and its
+        calibration would take the first wave's room, or its confirmation's."""
+        room = self.budget is None or self.budget >= self.explore_first + 3
+        return self.open_full_scale and room
+
+    @property
+    def _wave(self) -> int:
+        """Proxies in the first wave: ``explore_first``, and the opening's calibration."""
+        return self.explore_first + (self._opening is not None)
 
     def _left(self) -> int | None:
         return None if self.budget is None else self.budget - self._made
@@ -179,12 +238,11 @@ class ProxyPhase(Strategy):
             if self._proxy_running or (best is not None and waiting[key] <= best):
                 return None
             return self._layouts[key]
-        if self._full_running or (
-            len(self._predicted) < self.explore_first and self._proxy_running
-        ):
+        if self._full_running or (len(self._predicted) < self._wave and self._proxy_running):
             return None
         best = max((v for v in self._measured.values() if v is not None), default=None)
-        if best is None or waiting[key] > best * (1 + self.margin):
+        optimistic = waiting[key] * math.exp(learned_spread(self._pairs))
+        if best is None or optimistic > best * (1 + self.margin):
             return self._layouts[key]
         return None
 
@@ -246,6 +304,10 @@ class ProxyPhase(Strategy):
                     self._predicted[key] = value / correction
                 else:
                     self._judged.add(key)
+                if key == self._opening:  # its calibration: measured at full scale first
+                    if isinstance(value, float) and self._measured.get(key) is not None:
+                        self._pairs.append((self._predicted[key], self._measured[key]))
+                    continue  # the wrapped strategy was told of it by the opening
             else:
                 self._full_running.discard(key)
                 self._measured[key] = value if isinstance(value, float) else None
@@ -280,9 +342,13 @@ class ProxyPhase(Strategy):
     def _started(self, layout: ParallelLayout, proxy_dp: int | None) -> None:
         key = layout.key()
         self._made += 1
+        if self._opens and self._made == 1 and proxy_dp is None:
+            self._opening = key
         self._layouts[key] = layout
         self._retry.pop(key, None)
         (self._full_running if proxy_dp is None else self._proxy_running).add(key)
+        if proxy_dp is not None and key not in self._proxy_order:
+            self._proxy_order[key] = None
 
     def replay(self, history: Sequence[TrialLike]) -> None:
         """Rebuild the state from a campaign's stored trials, in their order (resume)."""
