@@ -53,6 +53,7 @@ from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.optimizer import CBOSettings
+from parsearch.search.residual import CATEGORY_DISTANCE, ResidualField
 from parsearch.search.strategy import (
     DEFAULT_CBO,
     GuidedStrategy,
@@ -115,6 +116,8 @@ class Variant:
     explore: float = 2.0
     patience: int = 6
     acquisition: str = "mean"
+    residual_length: float = 1.0  # the residual field's correlation length, log2 steps
+    category_distance: float = CATEGORY_DISTANCE  # and a differing category, in lengths
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -128,6 +131,15 @@ class Variant:
             patience=self.patience,
             acquisition=self.acquisition,
         )
+        if self.residual and (self.residual_length, self.category_distance) != (
+            1.0,
+            CATEGORY_DISTANCE,
+        ):
+            strategy.residual = ResidualField(
+                [c.layout for c in strategy.estimate.items],
+                length=self.residual_length,
+                category_distance=self.category_distance,
+            )
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
         elif not self.local_memory:
@@ -153,6 +165,9 @@ VARIANTS = (
     Variant("mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
     Variant("8-slots-topk", slots=8),
     Variant("8-slots-qucb", slots=8, cbo=CBOSettings(multi_point_strategy="qUCB")),
+    Variant("residual-length-2", residual_length=2.0),  # the field's correlation, longer
+    Variant("residual-category-1", category_distance=1.0),  # categories nearer
+    Variant("residual-2-category-1", residual_length=2.0, category_distance=1.0),
 )
 
 

@@ -28,7 +28,8 @@ class ResidualField:
 
     ``amplitude`` is the prior spread of the residual (0.2: the estimate is trusted to about
     20% before any trial), ``length`` the correlation length in log2 steps, ``noise`` the
-    trials' own relative noise.
+    trials' own relative noise, ``category_distance`` how far apart (in lengths) two layouts
+    that differ in one category are.
     """
 
     def __init__(
@@ -38,9 +39,11 @@ class ResidualField:
         amplitude: float = 0.2,
         length: float = 1.0,
         noise: float = 0.05,
+        category_distance: float = CATEGORY_DISTANCE,
     ):
         self.features = np.array([features(layout) for layout in layouts])
         self.features[:, :NUMERIC] /= length
+        self.category_distance = category_distance
         self.amplitude, self.noise = amplitude, noise
         self._items: list[int] = []
         self._objectives: list[float] = []
@@ -57,7 +60,9 @@ class ResidualField:
         if objective <= 0 or item in self._items:
             return
         prior = self.amplitude**2
-        covariance = prior * kernel(self.features[item : item + 1], self.features)[0]
+        covariance = (
+            prior * kernel(self.features[item : item + 1], self.features, self.category_distance)[0]
+        )
         row = self._projection[:, item]  # L⁻¹ k(measured, item)
         pivot = np.sqrt(max(prior + self.noise**2 - row @ row, 1e-12))
         size = len(self._items)
@@ -164,11 +169,13 @@ def features(layout: ParallelLayout) -> list[float]:
     ]
 
 
-def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Squared-exponential in the numeric columns; :data:`CATEGORY_DISTANCE` squared per
+def kernel(
+    a: np.ndarray, b: np.ndarray, category_distance: float = CATEGORY_DISTANCE
+) -> np.ndarray:
+    """Squared-exponential in the numeric columns; ``category_distance`` squared per
     differing category."""
     x, y = a[:, :NUMERIC], b[:, :NUMERIC]
     squared = (x * x).sum(axis=1)[:, None] + (y * y).sum(axis=1)[None, :] - 2 * x @ y.T
     for column in range(NUMERIC, a.shape[1]):
-        squared += CATEGORY_DISTANCE**2 * (a[:, None, column] != b[None, :, column])
+        squared += category_distance**2 * (a[:, None, column] != b[None, :, column])
     return np.exp(-0.5 * np.maximum(squared, 0.0))
