@@ -20,8 +20,8 @@ no opening.
 Confirmations are full-scale trials of layouts a proxy measured, best predicted first:
 
 * the first once the first wave is all in (the wrapped strategy's first ``explore_first``
-  picks, which differ in tp and pp, and the opening's calibration): no other proxy starts
-  before it (nor, when the campaign opened, unless one is likely to beat the opening), since a
+  picks, which differ in tp and pp, and the opening's calibration), of its best proxy if
+  that is likely to beat the opening (below): no other proxy starts before it, since a
   confirmation needs the whole allocation and a later, longer proxy would hold it back;
 * another whenever a proxy's prediction, raised by how far predictions have missed so far
   (:func:`~parsearch.estimate.proxy.learned_spread`: one global correction cannot fix an
@@ -171,8 +171,8 @@ class ProxyPhase(Strategy):
         return self._measure(layout, "calibrate", 1)
 
     def _first_wave_pending(self) -> bool:
-        """Whether the first ``explore_first`` proxies are started but not all in, or the
-        first confirmation of a proxy is running: no other proxy starts until then."""
+        """Whether the first wave's proxies are started but not all in, or the first
+        confirmation of a proxy is running: no other proxy starts until then."""
         wave = list(self._proxy_order)[: self._wave]
         if len(wave) < self._wave:
             return False
