@@ -131,10 +131,8 @@ class Variant:
             patience=self.patience,
             acquisition=self.acquisition,
         )
-        if self.residual and (self.residual_length, self.category_distance) != (
-            1.0,
-            CATEGORY_DISTANCE,
-        ):
+        prior = (self.residual_length, self.category_distance)
+        if self.residual and prior != (1.0, CATEGORY_DISTANCE):  # the default's field otherwise
             strategy.residual = ResidualField(
                 [c.layout for c in strategy.estimate.items],
                 length=self.residual_length,

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from store_polling import campaign_trials
 
-from parsearch.errors import StoreError
 from parsearch.result import TrialState
-from parsearch.store import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,22 +39,10 @@ def _snapshot(db: Path, *, recover: bool = False) -> dict[int, tuple]:
     ``recover``: open read-write, which rolls back the write a killed driver left half done
     (a read-only reader cannot, and says so).
     """
-    if not db.exists():
-        return {}
-    try:
-        store = open_store(db, readonly=not recover)
-    except StoreError:
-        if recover:
-            raise
-        return {}  # the driver is still creating the file
-    with store:
-        campaigns = store.list_campaigns()
-        if not campaigns:
-            return {}
-        return {
-            t.number: (t.key, t.state, t.attempt, t.objective, t.metrics, t.finished_at)
-            for t in store.trials(campaigns[0].id)
-        }
+    return {
+        t.number: (t.key, t.state, t.attempt, t.objective, t.metrics, t.finished_at)
+        for t in campaign_trials(db, recover=recover)
+    }
 
 
 def _finished(snapshot: dict[int, tuple]) -> dict[int, tuple]:

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from store_polling import campaign_trials
 
 from parsearch.campaign.lease import Lease, check_lease_timeout
 from parsearch.cli import main
 from parsearch.config import ParallelLayout
-from parsearch.errors import CampaignLockedError, StoreError, UsageError
+from parsearch.errors import CampaignLockedError, UsageError
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import SQLiteStore, open_store
 from parsearch.store.liveness import process_identity, provably_dead
@@ -193,20 +194,6 @@ def test_a_version_2_store_with_a_held_lease_is_upgraded(tmp_path: Path) -> None
         assert trial.number == 0
 
 
-def _running_trials(db: Path) -> int:
-    """How many trials A's store has running; 0 while A is still creating the file (an
-    empty database to a reader until A's first transaction commits)."""
-    if not db.exists():
-        return 0
-    try:
-        store = open_store(db, readonly=True)
-    except StoreError:
-        return 0
-    with store:
-        campaigns = store.list_campaigns()
-        return len(store.trials(campaigns[0].id, [TrialState.RUNNING])) if campaigns else 0
-
-
 def _lease_holder(db: Path) -> LeaseHolder | None:
     with open_store(db, readonly=True) as store:
         return store.lease_holder(store.get_campaign().id)
@@ -227,7 +214,8 @@ def test_a_driver_paused_past_its_lease_wakes_and_writes_nothing(tmp_path: Path)
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _running_trials(db):  # wait until A is inside its first trial
+        while not any(t.state is TrialState.RUNNING for t in campaign_trials(db)):
+            # A is not inside its first trial yet
             assert time.monotonic() < deadline and a.poll() is None, "A never started a trial"
             time.sleep(0.1)
         a.send_signal(signal.SIGSTOP)

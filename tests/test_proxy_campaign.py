@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from store_polling import campaign_trials
 
 from parsearch.cli import main
 from parsearch.config import ParallelLayout
-from parsearch.errors import StoreError
 from parsearch.result import TrialResult, TrialState
 from parsearch.store import TrialRecord, open_store
 
@@ -32,19 +32,6 @@ def _parsearch(*args: str) -> subprocess.Popen:
         [sys.executable, "-m", "parsearch", *args, "--quiet", "--lease-timeout", str(LEASE_S)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def _trials(db: Path, *, recover: bool = False) -> list[TrialRecord]:
-    """The trials of the store's campaign (none before the driver has created it)."""
-    if not db.exists():
-        return []
-    try:
-        store = open_store(db, readonly=not recover)
-    except StoreError:
-        return []  # the driver is still creating the file
-    with store:
-        campaigns = store.list_campaigns()
-        return store.trials(campaigns[0].id) if campaigns else []
 
 
 def _overlap(a: TrialRecord, b: TrialRecord) -> bool:
@@ -69,14 +56,14 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
     deadline = time.monotonic() + 120
     while True:  # kill it once proxies have finished and others run
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        trials = _trials(db)
+        trials = campaign_trials(db)
         done = [t for t in trials if t.state.finished]
         if len(done) >= 3 and any(t.state is TrialState.RUNNING for t in trials):
             break
         time.sleep(0.05)
     run.send_signal(signal.SIGKILL)
     run.wait()
-    before = _trials(db, recover=True)
+    before = campaign_trials(db, recover=True)
     kept = {t.number: t for t in before if t.state.finished}
     cut = {t.number: t for t in before if not t.state.finished}
     assert kept[0].proxy_dp is None and kept[0].origin != "confirm"  # the opening, at full scale
@@ -88,7 +75,7 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
     assert resume.returncode == 0, err
     assert "budget reached" in out
 
-    after = _trials(db)
+    after = campaign_trials(db)
     assert len(after) == budget and all(t.state is TrialState.OK for t in after)
     assert len({t.key for t in after}) == budget, "no trial twice"
     for number, trial in kept.items():
@@ -184,7 +171,7 @@ def test_local_slots_run_two_proxies_at_once_then_confirm(tmp_path, capsys):
         "--slots", "2", "--proxy", "--budget", "3", "--quiet",
     )  # fmt: skip
     assert "budget reached; 3/3 trials finished (ok 3)" in out
-    first, second, last = _trials(db)
+    first, second, last = campaign_trials(db)
     assert first.proxy_dp == second.proxy_dp == 1 and _overlap(first, second)
     assert last.proxy_dp is None and last.origin == "confirm"
     assert last.started_at >= max(first.finished_at, second.finished_at)

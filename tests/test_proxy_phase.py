@@ -226,8 +226,11 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     live = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
     (opening,) = live.ask(1)
     history: list[Record] = [finish(live, opening, 1.0)[0]]
-    for proposal, step in zip(live.ask(3), (1.0, 2.0, 0.1), strict=True):
-        history.append(finish(live, proposal, step)[0])  # calibration, two proxies
+    calibrate, *proxies = live.ask(3)
+    history.append(finish(live, calibrate, 1.0)[0])
+    calibrated = live.correction  # the opening's figure over its proxy's prediction
+    for proposal, step in zip(proxies, (2.0, 0.1), strict=True):
+        history.append(finish(live, proposal, step)[0])
     (confirm,) = live.ask(1)
     assert confirm.origin == "confirm" and confirm.layout == history[3].layout
     history.append(finish(live, confirm, 3 * history[3].objective)[0])
@@ -237,7 +240,8 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     resumed = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
     resumed.replay(history)
     assert resumed.correction == pytest.approx(live.correction)
-    assert len(live._pairs) == 2  # the opening's calibration and the confirmation
+    # The confirmation measured 3x its (calibrated) prediction: the geometric mean of both.
+    assert live.correction == pytest.approx(calibrated * 3**0.5)
     assert [(p.layout, p.origin, p.proxy) for p in resumed.ask(3)] == [
         (p.layout, p.origin, p.proxy) for p in live.ask(3)
     ]
