@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from parsearch.config import ParallelLayout
+from parsearch.estimate.proxy import proxy_prediction
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Proposal, Strategy
@@ -94,6 +95,23 @@ def finish(
     return record, result
 
 
+def predicted_run_s(phase: ProxyPhase, proposal: Proposal) -> float:
+    assert proposal.proxy is not None
+    space = phase.space
+    return proxy_prediction(space.model, proposal.proxy, space.allocation).step_time_s
+
+
+def first_wave(phase: ProxyPhase, n: int) -> list[Proposal]:
+    """The first wave's ``n`` proxies, checked to start longest predicted first, returned
+    calibration first, then in the wrapped strategy's order."""
+    wave = phase.ask(n)
+    assert len(wave) == n
+    runs = [predicted_run_s(phase, proposal) for proposal in wave]
+    assert runs == sorted(runs, reverse=True)
+    order = phase.inner.layouts
+    return sorted(wave, key=lambda p: (p.origin != "calibrate", order.index(p.layout)))
+
+
 def opened(b_step: float) -> tuple[ProxyPhase, Record]:
     """A phase whose opening measured 1000 tokens/s, then its first wave: the opening's
     calibration proxy (step 1 s), a proxy at 1.25 s and ``b`` at ``b_step``, all in: ``b``'s
@@ -106,7 +124,7 @@ def opened(b_step: float) -> tuple[ProxyPhase, Record]:
     assert phase.ask(1) == []  # it holds the allocation
     finish(phase, opening, 1000.0)
     assert phase.inner.told == [(opening.layout, 1000.0)]
-    calibrate, a, b = phase.ask(3)
+    calibrate, a, b = first_wave(phase, 3)
     assert calibrate.origin == "calibrate" and calibrate.layout == opening.layout
     assert calibrate.proxy is not None and a.proxy is not None and b.proxy is not None
     assert [a.layout, b.layout] == listed[1:3]
@@ -133,6 +151,17 @@ def test_the_first_pick_runs_at_full_scale_and_proxies_must_beat_it_by_their_err
     assert phase.correction == pytest.approx(calibrated)
 
 
+def test_the_first_wave_starts_its_longest_proxy_first():
+    space = cpu_space()
+    listed = layouts(space)  # fastest predicted first, as a strategy ranks them
+    phase = ProxyPhase(Listed(space, listed, n_seeds=3), budget=20, open_full_scale=False)
+    wave = phase.ask(3)
+    assert [p.layout for p in wave] == listed[2::-1]  # slowest first: they end together
+    runs = [predicted_run_s(phase, p) for p in wave]
+    assert runs[0] > runs[1] > runs[2]
+    assert phase.ask(1) == []  # the wave is all started; the first confirmation waits for it
+
+
 def test_proposals_run_as_the_smallest_proxy_that_fits():
     space = cpu_space()
     phase = ProxyPhase(Listed(space, layouts(space)), budget=10, open_full_scale=False)
@@ -149,8 +178,7 @@ def test_the_first_wave_is_confirmed_when_all_in_then_only_a_likely_gain():
     phase = ProxyPhase(
         Listed(space, layouts(space), n_seeds=2), budget=20, margin=0.05, open_full_scale=False
     )
-    a, b = phase.ask(2)
-    assert a.proxy and b.proxy
+    a, b = first_wave(phase, 2)
     finish(phase, b, 1.0)
     assert phase.ask(1) == []  # no later proxy holds the first confirmation back
     slow, _ = finish(phase, a, 0.5)
@@ -226,7 +254,7 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     live = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
     (opening,) = live.ask(1)
     history: list[Record] = [finish(live, opening, 1.0)[0]]
-    calibrate, *proxies = live.ask(3)
+    calibrate, *proxies = first_wave(live, 3)
     history.append(finish(live, calibrate, 1.0)[0])
     calibrated = live.correction  # the opening's figure over its proxy's prediction
     for proposal, step in zip(proxies, (2.0, 0.1), strict=True):

@@ -70,10 +70,19 @@ def choose_proxy(
         plan = ProxyPlan(layout, dp, nodes_for(replace(layout, dp=dp), allocation.devices_per_node))
         if plan.nodes >= full_nodes:
             return None
-        proxy = predict(model, plan.proxy_layout, _sized(allocation, plan.proxy_layout), settings)
-        if proxy.fits:
+        if proxy_prediction(model, plan, allocation, settings).fits:
             return plan
     return None
+
+
+def proxy_prediction(
+    model: ModelSpec,
+    plan: ProxyPlan,
+    allocation: AllocationSpec,
+    settings: EstimateSettings | None = None,
+) -> Prediction:
+    """What the estimate expects of the proxy run itself, on its own nodes."""
+    return predict(model, plan.proxy_layout, _sized(allocation, plan.proxy_layout), settings)
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,7 @@ def proxy_delta(
     settings: EstimateSettings | None = None,
 ) -> ProxyDelta:
     full: Prediction = predict(model, plan.layout, _sized(allocation, plan.layout), settings)
-    proxy = predict(model, plan.proxy_layout, _sized(allocation, plan.proxy_layout), settings)
+    proxy = proxy_prediction(model, plan, allocation, settings)
     return ProxyDelta(
         dp_comm_s=full.dp_comm_s - proxy.dp_comm_s,
         memory_bytes=full.memory.total - proxy.memory.total,

@@ -59,6 +59,7 @@ from parsearch.estimate.proxy import (
     learned_spread,
     nodes_for,
     proxy_oom_is_full_scale,
+    proxy_prediction,
 )
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.optimizer import Objective
@@ -111,6 +112,7 @@ class ProxyPhase(Strategy):
         self._retry: dict[str, int] = {}  # full key -> smallest dp of its next proxy
         self._judged: set[str] = set()  # failed for good: never confirmed
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) objectives
+        self._wave_queue: list[Proposal] | None = None  # the first wave's, once chosen
 
     # -- what the driver asks -----------------------------------------------------------------
 
@@ -137,9 +139,6 @@ class ProxyPhase(Strategy):
             return next(iter(self.inner.ask(1)), None)
         if self._opening is not None and self._opening in self._full_running:
             return None  # it holds the allocation, and sets the bar
-        calibration = self._calibration()
-        if calibration is not None:
-            return calibration
         if self._retry:
             key, min_dp = next(iter(self._retry.items()))
             del self._retry[key]
@@ -153,10 +152,45 @@ class ProxyPhase(Strategy):
             return next(iter(self.inner.ask(1)), None)  # nothing to confirm: full scale
         if self._first_wave_pending():
             return None  # the first wave decides the first confirmation: nothing delays it
-        for proposal in self.inner.ask(1):
-            measured = self._measure(proposal.layout, proposal.origin, 1)
-            return dataclasses.replace(measured, prediction=proposal.prediction)
-        return None
+        if self._wave_queue is None:
+            self._wave_queue = self._first_wave()
+        if self._wave_queue:
+            return self._wave_queue.pop(0)
+        return next(iter(self._proxies_of(self.inner.ask(1))), None)
+
+    def _proxies_of(self, proposals: Iterable[Proposal]) -> list[Proposal]:
+        """The wrapped strategy's proposals, each to be measured by its smallest proxy."""
+        return [
+            dataclasses.replace(
+                self._measure(proposal.layout, proposal.origin, 1), prediction=proposal.prediction
+            )
+            for proposal in proposals
+        ]
+
+    def _first_wave(self) -> list[Proposal]:
+        """The first wave's proxies not yet started (the opening's calibration and the
+        wrapped strategy's first picks), longest predicted first: they start as nodes free
+        up, and a long proxy started last would keep the allocation half idle while it
+        finishes, and hold back the first confirmation (longest-first packs a wave so that
+        its proxies end close together)."""
+        calibration = self._calibration()
+        wave = [] if calibration is None else [calibration]
+        started = sum(1 for key in self._proxy_order if key != self._opening)
+        wanted = self.explore_first - started
+        left = self._left()
+        if left is not None:
+            wanted = min(wanted, left - 1 - len(wave))  # the last trial confirms
+        wave += self._proxies_of(self.inner.ask(wanted) if wanted > 0 else [])
+        return sorted(wave, key=self._predicted_run_s, reverse=True)
+
+    def _predicted_run_s(self, proposal: Proposal) -> float:
+        """The estimate's step time of the run a proposal starts (its proxy's, if any)."""
+        space = self.space
+        if proposal.proxy is None:
+            return space.predict(proposal.layout).step_time_s
+        return proxy_prediction(
+            space.model, proposal.proxy, space.allocation, space.estimate
+        ).step_time_s
 
     def _calibration(self) -> Proposal | None:
         """A proxy of the opening, once it measured, so that the first wave's predictions
