@@ -18,7 +18,9 @@ from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace, space_from_dict
 
 
-def cpu_space(zero_stage: int = 0, memory: str = "1GiB") -> SearchSpace:
+def cpu_space(
+    zero_stage: int = 0, memory: str = "1GiB", tp: list[int] | None = None
+) -> SearchSpace:
     return space_from_dict(
         {
             "name": "proxy-phase",
@@ -31,7 +33,8 @@ def cpu_space(zero_stage: int = 0, memory: str = "1GiB") -> SearchSpace:
                 "peak_tflops": 0.05,
             },
             "search": {
-                "tp": [1], "pp": [1], "mbs": [1, 2, 4], "recompute": ["none", "selective", "full"],
+                "tp": tp or [1], "pp": [1], "mbs": [1, 2, 4],
+                "recompute": ["none", "selective", "full"],
                 "zero_stage": zero_stage,
             },
             "global_batch": 32,
@@ -162,6 +165,28 @@ def test_the_first_wave_starts_its_longest_proxy_first():
     assert phase.ask(1) == []  # the wave is all started; the first confirmation waits for it
 
 
+def test_a_pick_waiting_for_nodes_is_overtaken_by_smaller_ones_a_bounded_number_of_times():
+    space = cpu_space(tp=[1, 4])  # 8 nodes of 1 device: a tp-4 proxy takes 4, a tp-1 one 1
+    wide = [layout for layout in layouts(space) if layout.tp == 4]
+    narrow = [layout for layout in layouts(space) if layout.tp == 1]
+    order = [narrow[0], wide[0], narrow[1], wide[1], *narrow[2:]]
+    phase = ProxyPhase(Listed(space, order, n_seeds=1), budget=30, open_full_scale=False)
+    (first,) = phase.ask(1)
+    measured, _ = finish(phase, first, 1.0)
+    (confirm,) = phase.ask(1)
+    assert confirm.origin == "confirm"
+    finish(phase, confirm, measured.objective)
+    held_back, small = phase.ask(2)  # 4 nodes and 1: 3 left
+    assert held_back.layout == wide[0] and small.layout == narrow[1]
+    overtaking = phase.ask(5)  # wide[1] waits for 4 nodes; 3 smaller ones start meanwhile
+    assert [p.layout for p in overtaking] == narrow[2:5]
+    finish(phase, small, 100.0)  # a node frees: a small one would fit, but wide[1] waited
+    assert phase.ask(1) == []  # for as many as it may
+    finish(phase, held_back, 100.0)
+    (waited,) = phase.ask(1)
+    assert waited.layout == wide[1] and waited.proxy is not None and waited.proxy.nodes == 4
+
+
 def test_proposals_run_as_the_smallest_proxy_that_fits():
     space = cpu_space()
     phase = ProxyPhase(Listed(space, layouts(space)), budget=10, open_full_scale=False)
@@ -195,8 +220,11 @@ def test_the_first_wave_is_confirmed_when_all_in_then_only_a_likely_gain():
     finish(phase, d, 0.25)  # twice as fast: confirmed next
     (again,) = phase.ask(1)
     assert again.origin == "confirm" and again.layout == d.layout
+    assert phase.ask(1) == []  # it holds every node
+    finish(phase, e, 1.0)
+    finish(phase, again, 2 * slow.objective)
     (f,) = phase.ask(1)
-    assert f.proxy is not None  # proxies go on beside a later confirmation
+    assert f.proxy is not None  # proxies go on after a later confirmation
 
 
 def test_the_last_trial_of_the_budget_is_a_confirmation():

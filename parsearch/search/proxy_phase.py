@@ -30,6 +30,11 @@ Confirmations are full-scale trials of layouts a proxy measured, best predicted 
 * the last trial of the budget is a confirmation while none has succeeded, so that a
   campaign's answer is a full-scale measurement unless the budget ends first.
 
+Proxies are placed as nodes free up, and the phase keeps count of the nodes its trials hold:
+the first wave starts its longest predicted proxy first, so that the wave ends together;
+later, a pick that needs more nodes than are free waits while up to ``OVERTAKE`` smaller
+ones start beside the running proxies (a backfill), then is started first.
+
 Each confirmation (and the opening's calibration: a proxy of the opening, run with the
 first wave) gives a (predicted, measured) pair, and the correction is their geometric mean
 ratio (:func:`~parsearch.estimate.proxy.learned_correction`). A proxy that
@@ -64,6 +69,8 @@ from parsearch.estimate.proxy import (
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.optimizer import Objective
 from parsearch.search.strategy import Proposal, Strategy
+
+OVERTAKE = 3  # smaller picks that may start before one waiting for more nodes
 
 
 class TrialLike(Protocol):
@@ -113,6 +120,9 @@ class ProxyPhase(Strategy):
         self._judged: set[str] = set()  # failed for good: never confirmed
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) objectives
         self._wave_queue: list[Proposal] | None = None  # the first wave's, once chosen
+        self._held: list[Proposal] = []  # picks waiting for more free nodes than there are
+        self._overtaken = 0  # picks started since the oldest held one was held
+        self._running_nodes: dict[str, int] = {}  # key -> nodes its running trial holds
 
     # -- what the driver asks -----------------------------------------------------------------
 
@@ -155,8 +165,49 @@ class ProxyPhase(Strategy):
         if self._wave_queue is None:
             self._wave_queue = self._first_wave()
         if self._wave_queue:
-            return self._wave_queue.pop(0)
-        return next(iter(self._proxies_of(self.inner.ask(1))), None)
+            return self._fitting(self._wave_queue) or self._wave_queue.pop(0)
+        return self._backfilled()
+
+    def _backfilled(self) -> Proposal | None:
+        """The wrapped strategy's next pick that fits the nodes free now. One that does not
+        is held and started first once it fits, so that a proxy waiting for half the
+        allocation does not leave the other nodes idle while smaller ones could run; the
+        oldest held is overtaken by at most ``OVERTAKE`` of them, then waited for."""
+        free = self._free_nodes()
+        waiting = self._held[:1] if self._overtaken >= OVERTAKE else self._held
+        for index, proposal in enumerate(waiting):
+            if self._run_nodes(proposal) <= free:
+                self._overtaken = 0 if index == 0 else self._overtaken + 1
+                return self._held.pop(index)
+        while self._overtaken < OVERTAKE and len(self._held) < OVERTAKE:
+            proposal = next(iter(self._proxies_of(self.inner.ask(1))), None)
+            if proposal is None:
+                break
+            if self._run_nodes(proposal) <= free:
+                self._overtaken += bool(self._held)
+                return proposal
+            self._held.append(proposal)
+        if self._proxy_running or self._full_running or not self._held:
+            return None  # a running trial frees the nodes the held one waits for
+        self._overtaken = 0
+        return self._held.pop(0)  # nothing runs: the backend's own nodes are too few
+
+    def _fitting(self, queue: list[Proposal]) -> Proposal | None:
+        """The first proposal of ``queue`` whose run fits the nodes free now, taken off it."""
+        free = self._free_nodes()
+        for index, proposal in enumerate(queue):
+            if self._run_nodes(proposal) <= free:
+                return queue.pop(index)
+        return None
+
+    def _run_nodes(self, proposal: Proposal) -> int:
+        per_node = self.space.allocation.devices_per_node
+        return proposal.proxy.nodes if proposal.proxy else nodes_for(proposal.layout, per_node)
+
+    def _free_nodes(self) -> int:
+        """The allocation's nodes no trial of this campaign holds, as far as it knows (a
+        lost node is the backend's to know: it then keeps the trial queued)."""
+        return self.space.allocation.nodes - sum(self._running_nodes.values())
 
     def _proxies_of(self, proposals: Iterable[Proposal]) -> list[Proposal]:
         """The wrapped strategy's proposals, each to be measured by its smallest proxy."""
@@ -325,6 +376,7 @@ class ProxyPhase(Strategy):
         told: list[tuple[ParallelLayout, Objective]] = []
         for record, result in finished:
             key = record.layout.key()
+            self._running_nodes.pop(key, None)
             value = result.objective(self.space.objective)
             if record.proxy_dp is not None:
                 self._proxy_running.discard(key)
@@ -381,6 +433,8 @@ class ProxyPhase(Strategy):
         self._layouts[key] = layout
         self._retry.pop(key, None)
         (self._full_running if proxy_dp is None else self._proxy_running).add(key)
+        run = layout if proxy_dp is None else dataclasses.replace(layout, dp=proxy_dp)
+        self._running_nodes[key] = nodes_for(run, self.space.allocation.devices_per_node)
         if proxy_dp is not None and key not in self._proxy_order:
             self._proxy_order[key] = None
 
