@@ -239,6 +239,25 @@ def test_the_last_trial_of_the_budget_is_a_confirmation():
     assert last.origin == "confirm" and last.layout == b.layout and last.proxy is None
 
 
+@pytest.mark.parametrize("below", [0.05, 0.3])
+def test_the_last_trial_confirms_a_proxy_within_two_spreads_of_the_best(below: float):
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space), n_seeds=1), budget=4, open_full_scale=False)
+    (a,) = phase.ask(1)
+    measured, _ = finish(phase, a, 1.0)
+    (confirm,) = phase.ask(1)
+    finish(phase, confirm, measured.objective)  # as predicted: the spread is the 5% prior
+    (b,) = phase.ask(1)
+    tokens = b.layout.dp * b.layout.mbs * b.layout.gas * space.model.seq_length
+    record, _ = finish(phase, b, tokens / ((1 - below) * measured.objective))
+    assert record.objective == pytest.approx((1 - below) * measured.objective, rel=0.02)
+    (last,) = phase.ask(1)
+    if below < 0.1:  # within exp(2 x 5%): the last chance to confirm it
+        assert last.origin == "confirm" and last.layout == b.layout
+    else:  # far below: a full-scale trial would buy nothing
+        assert last.proxy is not None
+
+
 def test_a_proxy_oom_condemns_the_layout_only_when_nothing_is_sharded():
     plain = cpu_space()
     phase = ProxyPhase(Listed(plain, layouts(plain)), budget=10, open_full_scale=False)

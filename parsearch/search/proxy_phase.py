@@ -27,8 +27,10 @@ Confirmations are full-scale trials of layouts a proxy measured, best predicted 
   (:func:`~parsearch.estimate.proxy.learned_spread`: one global correction cannot fix an
   error that depends on dp and placement), is more than ``margin`` above the best
   confirmed figure (one confirmation at a time, so each learns from the last's);
-* the last trial of the budget is a confirmation while none has succeeded, so that a
-  campaign's answer is a full-scale measurement unless the budget ends first.
+* the last trial of the budget confirms the best proxy that may still beat every
+  confirmed figure (within two spreads: no later trial could), or any while none has
+  succeeded, so that a campaign's answer is a full-scale measurement unless the budget
+  ends first.
 
 Proxies are placed as nodes free up, and the phase keeps count of the nodes its trials hold:
 the first wave starts its longest predicted proxy first, so that the wave ends together;
@@ -290,8 +292,9 @@ class ProxyPhase(Strategy):
 
     def _reserved(self) -> bool:
         """Whether what is left of the budget is kept for a confirmation: the last trial
-        confirms the best proxy predicted above every confirmed figure (or any, while none
-        succeeded), once every running proxy is in."""
+        confirms the best proxy that may beat every confirmed figure (any, while none
+        succeeded), once every running proxy is in. A proxy in the last trial could never
+        be confirmed, so it would change nothing of the campaign's answer."""
         left = self._left()
         if left is None or left > 1:
             return False
@@ -300,12 +303,17 @@ class ProxyPhase(Strategy):
         return (
             best is None
             or any(
-                value * correction > best
+                self._may_beat_last(value * correction, best)
                 for key, value in self._predicted.items()
                 if key not in self._measured and key not in self._judged
             )
             or bool(self._proxy_running)
         )
+
+    def _may_beat_last(self, predicted: float, best: float) -> bool:
+        """Whether a corrected prediction may beat ``best``, for the budget's last trial:
+        within two spreads, with no margin (no later trial could confirm it instead)."""
+        return predicted * math.exp(2 * learned_spread(self._pairs)) > best
 
     def _confirmation(self) -> ParallelLayout | None:
         """The next layout to confirm at full scale, if now is the time for one."""
@@ -320,7 +328,9 @@ class ProxyPhase(Strategy):
         key = max(waiting, key=lambda k: waiting[k])
         if self._reserved():  # the best of every proxy started, once they are all in
             best = max((v for v in self._measured.values() if v is not None), default=None)
-            if self._proxy_running or (best is not None and waiting[key] <= best):
+            if self._proxy_running or (
+                best is not None and not self._may_beat_last(waiting[key], best)
+            ):
                 return None
             return self._layouts[key]
         if self._full_running or (len(self._predicted) < self._wave and self._proxy_running):
