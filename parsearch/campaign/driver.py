@@ -103,6 +103,8 @@ class Driver:
         self.backend = backend
         self.strategy = strategy
         self.proxies = strategy if isinstance(strategy, ProxyPhase) else None
+        if self.proxies is not None:
+            self.proxies.room = lambda nodes: room_for(self.backend, nodes)
         self.lease = lease
         self.settings = settings
         self.stop = stop or StopRequest()

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from parsearch.config import ParallelLayout
@@ -125,6 +125,7 @@ class ProxyPhase(Strategy):
         self._held: list[Proposal] = []  # picks waiting for more free nodes than there are
         self._overtaken = 0  # picks started since the oldest held one was held
         self._running_nodes: dict[str, int] = {}  # key -> nodes its running trial holds
+        self.room: Callable[[int], int] | None = None  # trials of N nodes the backend takes
 
     # -- what the driver asks -----------------------------------------------------------------
 
@@ -175,17 +176,16 @@ class ProxyPhase(Strategy):
         is held and started first once it fits, so that a proxy waiting for half the
         allocation does not leave the other nodes idle while smaller ones could run; the
         oldest held is overtaken by at most ``OVERTAKE`` of them, then waited for."""
-        free = self._free_nodes()
         waiting = self._held[:1] if self._overtaken >= OVERTAKE else self._held
         for index, proposal in enumerate(waiting):
-            if self._run_nodes(proposal) <= free:
+            if self._fits(proposal):
                 self._overtaken = 0 if index == 0 else self._overtaken + 1
                 return self._held.pop(index)
         while self._overtaken < OVERTAKE and len(self._held) < OVERTAKE:
             proposal = next(iter(self._proxies_of(self.inner.ask(1))), None)
             if proposal is None:
                 break
-            if self._run_nodes(proposal) <= free:
+            if self._fits(proposal):
                 self._overtaken += bool(self._held)
                 return proposal
             self._held.append(proposal)
@@ -196,9 +196,8 @@ class ProxyPhase(Strategy):
 
     def _fitting(self, queue: list[Proposal]) -> Proposal | None:
         """The first proposal of ``queue`` whose run fits the nodes free now, taken off it."""
-        free = self._free_nodes()
         for index, proposal in enumerate(queue):
-            if self._run_nodes(proposal) <= free:
+            if self._fits(proposal):
                 return queue.pop(index)
         return None
 
@@ -206,10 +205,15 @@ class ProxyPhase(Strategy):
         per_node = self.space.allocation.devices_per_node
         return proposal.proxy.nodes if proposal.proxy else nodes_for(proposal.layout, per_node)
 
-    def _free_nodes(self) -> int:
-        """The allocation's nodes no trial of this campaign holds, as far as it knows (a
-        lost node is the backend's to know: it then keeps the trial queued)."""
-        return self.space.allocation.nodes - sum(self._running_nodes.values())
+    def _fits(self, proposal: Proposal) -> bool:
+        """Whether the backend has room for a proposal's run now: what ``room`` says (the
+        driver sets it to the backend's placement, which knows lost nodes and places a
+        ``local`` backend's trials by slot), or else the allocation's nodes that no trial
+        of this phase holds (a phase driven by hand)."""
+        nodes = self._run_nodes(proposal)
+        if self.room is not None:
+            return self.room(nodes) > 0
+        return nodes <= self.space.allocation.nodes - sum(self._running_nodes.values())
 
     def _proxies_of(self, proposals: Iterable[Proposal]) -> list[Proposal]:
         """The wrapped strategy's proposals, each to be measured by its smallest proxy."""
