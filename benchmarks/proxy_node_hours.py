@@ -63,6 +63,9 @@ class ClockedTruth:
     def room_for(self, nodes: int) -> int:
         return self.free // nodes
 
+    def clock(self) -> float:
+        return self.now
+
     def free_slots(self) -> int:
         return self.room_for(self.nodes)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from parsearch.config import ParallelLayout
-from parsearch.estimate.proxy import proxy_prediction
+from parsearch.estimate.proxy import predict_run
 from parsearch.result import TrialResult, TrialState
-from parsearch.search.proxy_phase import ProxyPhase
+from parsearch.search.proxy_phase import ProxyPhase, expected_run_s
 from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace, space_from_dict
 
@@ -101,7 +101,7 @@ def finish(
 def predicted_run_s(phase: ProxyPhase, proposal: Proposal) -> float:
     assert proposal.proxy is not None
     space = phase.space
-    return proxy_prediction(space.model, proposal.proxy, space.allocation).step_time_s
+    return predict_run(space.model, proposal.proxy.proxy_layout, space.allocation).step_time_s
 
 
 def first_wave(phase: ProxyPhase, n: int) -> list[Proposal]:
@@ -185,6 +185,41 @@ def test_a_pick_waiting_for_nodes_is_overtaken_by_smaller_ones_a_bounded_number_
     finish(phase, held_back, 100.0)
     (waited,) = phase.ask(1)
     assert waited.layout == wide[1] and waited.proxy is not None and waited.proxy.nodes == 4
+
+
+def test_runs_take_a_start_up_and_a_multiple_of_their_predicted_step():
+    assert expected_run_s([(1.0, 310.0)], 2.0) is None  # one run cannot tell the two apart
+    assert expected_run_s([(1.0, 310.0), (2.0, 320.0)], 3.0) == pytest.approx(330.0)
+    assert expected_run_s([(1.0, 300.0), (1.0, 500.0)], 2.0) == pytest.approx(800.0)
+    assert expected_run_s([(1.0, 500.0), (2.0, 300.0)], 4.0) == pytest.approx(400.0)  # no slope
+
+
+def test_while_the_first_wave_drains_a_proxy_starts_only_if_expected_to_end_before_it():
+    space = cpu_space()
+    listed = layouts(space)  # predicted steps grow down the list: 0 and 1 ~0.095 s, 8 ~0.49 s
+    order = [listed[8], listed[0], *listed[1:8]]
+    now = [0.0]
+
+    def wave(clocked: bool = True) -> ProxyPhase:
+        phase = ProxyPhase(Listed(space, order, n_seeds=3), budget=20, open_full_scale=False)
+        if clocked:
+            phase.clock = lambda: now[0]
+        now[0] = 0.0
+        slow, *fast = phase.ask(3)
+        assert slow.layout == listed[8]
+        for proposal in sorted(fast, key=lambda p: predicted_run_s(phase, p)):
+            now[0] = 1000 * predicted_run_s(phase, proposal)  # runs take 1000 predicted steps
+            finish(phase, proposal, 1.0)
+        return phase
+
+    phase = wave()  # at 96.5 s: the slow proxy is expected to end at 486.5 s
+    (fill,) = phase.ask(1)
+    assert fill.layout == listed[2] and fill.proxy is not None  # 124 s (x1.2) fits
+    (fill,) = phase.ask(1)
+    assert fill.layout == listed[3]  # 187 s
+    now[0] = 400.0
+    assert phase.ask(1) == []  # nothing left ends in time: the first confirmation waits
+    assert wave(clocked=False).ask(1) == []  # driven by hand: no clock, no expected ends
 
 
 def test_proposals_run_as_the_smallest_proxy_that_fits():

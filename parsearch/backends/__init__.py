@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -112,6 +113,13 @@ def room_for(backend: Backend, nodes: int) -> int:
     """
     sized = getattr(backend, "room_for", None)
     return int(sized(nodes)) if sized is not None else backend.free_slots()
+
+
+def clock_of(backend: Backend) -> Callable[[], float]:
+    """The time trials run on, in seconds: a backend that keeps its own (a virtual clock,
+    as the node-hour benchmark's does) defines ``clock()``; the others run on this
+    machine's monotonic clock."""
+    return getattr(backend, "clock", time.monotonic)
 
 
 def parse_options(pairs: Iterable[str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from parsearch.backends import Backend, Finished, room_for
+from parsearch.backends import Backend, Finished, clock_of, room_for
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, Snapshot
@@ -105,6 +105,7 @@ class Driver:
         self.proxies = strategy if isinstance(strategy, ProxyPhase) else None
         if self.proxies is not None:
             self.proxies.room = lambda nodes: room_for(self.backend, nodes)
+            self.proxies.clock = clock_of(self.backend)
         self.lease = lease
         self.settings = settings
         self.stop = stop or StopRequest()

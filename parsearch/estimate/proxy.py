@@ -70,19 +70,20 @@ def choose_proxy(
         plan = ProxyPlan(layout, dp, nodes_for(replace(layout, dp=dp), allocation.devices_per_node))
         if plan.nodes >= full_nodes:
             return None
-        if proxy_prediction(model, plan, allocation, settings).fits:
+        if predict_run(model, plan.proxy_layout, allocation, settings).fits:
             return plan
     return None
 
 
-def proxy_prediction(
+def predict_run(
     model: ModelSpec,
-    plan: ProxyPlan,
+    layout: ParallelLayout,
     allocation: AllocationSpec,
     settings: EstimateSettings | None = None,
 ) -> Prediction:
-    """What the estimate expects of the proxy run itself, on its own nodes."""
-    return predict(model, plan.proxy_layout, _sized(allocation, plan.proxy_layout), settings)
+    """What the estimate expects of a run of ``layout`` on just the nodes it spans (a
+    proxy's run, or a full-scale one)."""
+    return predict(model, layout, _sized(allocation, layout), settings)
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ def proxy_delta(
     allocation: AllocationSpec,
     settings: EstimateSettings | None = None,
 ) -> ProxyDelta:
-    full: Prediction = predict(model, plan.layout, _sized(allocation, plan.layout), settings)
-    proxy = proxy_prediction(model, plan, allocation, settings)
+    full = predict_run(model, plan.layout, allocation, settings)
+    proxy = predict_run(model, plan.proxy_layout, allocation, settings)
     return ProxyDelta(
         dp_comm_s=full.dp_comm_s - proxy.dp_comm_s,
         memory_bytes=full.memory.total - proxy.memory.total,

@@ -32,10 +32,14 @@ Confirmations are full-scale trials of layouts a proxy measured, best predicted 
   succeeded, so that a campaign's answer is a full-scale measurement unless the budget
   ends first.
 
-Proxies are placed as nodes free up, and the phase keeps count of the nodes its trials hold:
-the first wave starts its longest predicted proxy first, so that the wave ends together;
-later, a pick that needs more nodes than are free waits while up to ``OVERTAKE`` smaller
-ones start beside the running proxies (a backfill), then is started first.
+Proxies are placed as nodes free up (``room``: the backend's placement, which the driver
+hands over): the first wave starts its longest predicted proxy first, so that the wave ends
+together; later, a pick that needs more nodes than are free waits while up to ``OVERTAKE``
+smaller ones start beside the running proxies (a backfill), then is started first. While
+running proxies drain before a confirmation (the first wave's, or any later one), a proxy
+starts on the nodes they free if it is expected to end before the last of them does, with
+``DRAIN_SAFETY`` to spare: how long a run takes is learnt from the runs that finished, on
+the backend's ``clock`` (:func:`expected_run_s`).
 
 Each confirmation (and the opening's calibration: a proxy of the opening, run with the
 first wave) gives a (predicted, measured) pair, and the correction is their geometric mean
@@ -65,14 +69,31 @@ from parsearch.estimate.proxy import (
     learned_correction,
     learned_spread,
     nodes_for,
+    predict_run,
     proxy_oom_is_full_scale,
-    proxy_prediction,
 )
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.optimizer import Objective
 from parsearch.search.strategy import Proposal, Strategy
 
 OVERTAKE = 3  # smaller picks that may start before one waiting for more nodes
+DRAIN_SAFETY = 1.2  # a drain fill must be expected to end this much before the drain does
+
+
+def expected_run_s(runs: Sequence[tuple[float, float]], step_s: float) -> float | None:
+    """How long a run whose step the estimate predicts at ``step_s`` holds its nodes, from
+    finished runs' ``(predicted step, held seconds)``: a least-squares line (start-up plus
+    a multiple of the predicted step; every run times as many steps), or proportional when
+    the runs' predictions do not spread. None with fewer than two runs."""
+    if len(runs) < 2:
+        return None
+    mean_x = sum(x for x, _ in runs) / len(runs)
+    mean_y = sum(y for _, y in runs) / len(runs)
+    spread = sum((x - mean_x) ** 2 for x, _ in runs)
+    if spread <= 1e-9 * mean_x**2:
+        return mean_y / mean_x * step_s
+    slope = max(sum((x - mean_x) * (y - mean_y) for x, y in runs) / spread, 0.0)
+    return max(mean_y - slope * mean_x, 0.0) + slope * step_s
 
 
 class TrialLike(Protocol):
@@ -126,6 +147,10 @@ class ProxyPhase(Strategy):
         self._overtaken = 0  # picks started since the oldest held one was held
         self._running_nodes: dict[str, int] = {}  # key -> nodes its running trial holds
         self.room: Callable[[int], int] | None = None  # trials of N nodes the backend takes
+        self.clock: Callable[[], float] | None = None  # the backend's time, seconds
+        self._since: dict[str, float] = {}  # key -> when its running trial started
+        self._run_step: dict[str, float] = {}  # key -> its running trial's predicted step
+        self._durations: list[tuple[float, float]] = []  # finished: (predicted step, held s)
 
     # -- what the driver asks -----------------------------------------------------------------
 
@@ -141,7 +166,8 @@ class ProxyPhase(Strategy):
             if proposal is None:
                 break
             proposals.append(proposal)
-            self._started(proposal.layout, None if proposal.proxy is None else proposal.proxy.dp)
+            proxy_dp = None if proposal.proxy is None else proposal.proxy.dp
+            self._started(proposal.layout, proxy_dp, None if self.clock is None else self.clock())
         return proposals
 
     def _propose(self, n: int) -> Iterable[Proposal]:  # ask is overridden whole
@@ -157,42 +183,78 @@ class ProxyPhase(Strategy):
             del self._retry[key]
             return self._measure(self._layouts[key], "retry", min_dp)
         candidate = self._confirmation()
-        if candidate is not None:
-            return Proposal(candidate, "confirm", self.space.predict(candidate))
+        if candidate is not None:  # it waits for every running proxy: fill that time
+            drain_fill = self._drain_fill()
+            return drain_fill or Proposal(candidate, "confirm", self.space.predict(candidate))
         if self._reserved():
             if self._proxy_running or self._full_running:
                 return None  # the last trial confirms what the running proxies find
             return next(iter(self.inner.ask(1)), None)  # nothing to confirm: full scale
         if self._first_wave_pending():
-            return None  # the first wave decides the first confirmation: nothing delays it
+            return self._drain_fill()  # the first wave decides the first confirmation
         if self._wave_queue is None:
             self._wave_queue = self._first_wave()
         if self._wave_queue:
             return self._fitting(self._wave_queue) or self._wave_queue.pop(0)
         return self._backfilled()
 
-    def _backfilled(self) -> Proposal | None:
-        """The wrapped strategy's next pick that fits the nodes free now. One that does not
-        is held and started first once it fits, so that a proxy waiting for half the
-        allocation does not leave the other nodes idle while smaller ones could run; the
-        oldest held is overtaken by at most ``OVERTAKE`` of them, then waited for."""
+    def _backfilled(self, by: float | None = None) -> Proposal | None:
+        """The wrapped strategy's next pick that fits the nodes free now (and is expected
+        to end ``by`` then, when given). One that does not is held and started first once
+        it fits, so that a proxy waiting for half the allocation does not leave the other
+        nodes idle while smaller ones could run; the oldest held is overtaken by at most
+        ``OVERTAKE`` of them, then waited for."""
+
+        def fits(proposal: Proposal) -> bool:
+            return self._fits(proposal) and (by is None or self._ends_by(proposal, by))
+
         waiting = self._held[:1] if self._overtaken >= OVERTAKE else self._held
         for index, proposal in enumerate(waiting):
-            if self._fits(proposal):
+            if fits(proposal):
                 self._overtaken = 0 if index == 0 else self._overtaken + 1
                 return self._held.pop(index)
         while self._overtaken < OVERTAKE and len(self._held) < OVERTAKE:
             proposal = next(iter(self._proxies_of(self.inner.ask(1))), None)
             if proposal is None:
                 break
-            if self._fits(proposal):
+            if fits(proposal):
                 self._overtaken += bool(self._held)
                 return proposal
             self._held.append(proposal)
-        if self._proxy_running or self._full_running or not self._held:
+        if by is not None or self._proxy_running or self._full_running or not self._held:
             return None  # a running trial frees the nodes the held one waits for
         self._overtaken = 0
         return self._held.pop(0)  # nothing runs: the backend's own nodes are too few
+
+    def _drain_fill(self) -> Proposal | None:
+        """A proxy to start while the running ones drain before a confirmation (which
+        needs every node), when it is expected to end before the last of them does: the
+        nodes they free would otherwise idle. None without a clock, before two runs have
+        taught how long runs take, or when the budget's last trials are for
+        confirmations."""
+        left = self._left()
+        if self.clock is None or not self._proxy_running or self._full_running:
+            return None
+        if left is not None and left <= 2:
+            return None
+        end = self._drain_end()
+        return None if end is None else self._backfilled(by=end)
+
+    def _drain_end(self) -> float | None:
+        """When the last running trial is expected to end, on the backend's clock."""
+        ends = []
+        for key in self._proxy_running | self._full_running:
+            since = self._since.get(key)  # none for a trial started before a resume
+            expected = expected_run_s(self._durations, self._run_step[key])
+            if since is None or expected is None:
+                return None
+            ends.append(since + expected)
+        return max(ends, default=None)
+
+    def _ends_by(self, proposal: Proposal, end: float) -> bool:
+        assert self.clock is not None  # a drain end was found on it
+        expected = expected_run_s(self._durations, self._predicted_run_s(proposal))
+        return expected is not None and self.clock() + DRAIN_SAFETY * expected <= end
 
     def _fitting(self, queue: list[Proposal]) -> Proposal | None:
         """The first proposal of ``queue`` whose run fits the nodes free now, taken off it."""
@@ -242,12 +304,11 @@ class ProxyPhase(Strategy):
 
     def _predicted_run_s(self, proposal: Proposal) -> float:
         """The estimate's step time of the run a proposal starts (its proxy's, if any)."""
+        return self._run_step_s(proposal.proxy.proxy_layout if proposal.proxy else proposal.layout)
+
+    def _run_step_s(self, run: ParallelLayout) -> float:
         space = self.space
-        if proposal.proxy is None:
-            return space.predict(proposal.layout).step_time_s
-        return proxy_prediction(
-            space.model, proposal.proxy, space.allocation, space.estimate
-        ).step_time_s
+        return predict_run(space.model, run, space.allocation, space.estimate).step_time_s
 
     def _calibration(self) -> Proposal | None:
         """A proxy of the opening, once it measured, so that the first wave's predictions
@@ -391,6 +452,9 @@ class ProxyPhase(Strategy):
         for record, result in finished:
             key = record.layout.key()
             self._running_nodes.pop(key, None)
+            since, step = self._since.pop(key, None), self._run_step.pop(key, None)
+            if since is not None and step is not None and self.clock and result.ok:
+                self._durations.append((step, self.clock() - since))
             value = result.objective(self.space.objective)
             if record.proxy_dp is not None:
                 self._proxy_running.discard(key)
@@ -439,7 +503,10 @@ class ProxyPhase(Strategy):
             space.model, plan, space.allocation, space.estimate
         )
 
-    def _started(self, layout: ParallelLayout, proxy_dp: int | None) -> None:
+    def _started(
+        self, layout: ParallelLayout, proxy_dp: int | None, since: float | None = None
+    ) -> None:
+        """Count a trial as started (at ``since`` on the clock, when known: not on replay)."""
         key = layout.key()
         self._made += 1
         if self._opens and self._made == 1 and proxy_dp is None:
@@ -447,8 +514,12 @@ class ProxyPhase(Strategy):
         self._layouts[key] = layout
         self._retry.pop(key, None)
         (self._full_running if proxy_dp is None else self._proxy_running).add(key)
+        space = self.space
         run = layout if proxy_dp is None else dataclasses.replace(layout, dp=proxy_dp)
-        self._running_nodes[key] = nodes_for(run, self.space.allocation.devices_per_node)
+        self._running_nodes[key] = nodes_for(run, space.allocation.devices_per_node)
+        self._run_step[key] = self._run_step_s(run)
+        if since is not None:
+            self._since[key] = since
         if proxy_dp is not None and key not in self._proxy_order:
             self._proxy_order[key] = None
 
