@@ -140,6 +140,14 @@ def lines(args: argparse.Namespace, rank: int, world: int) -> list[str]:
     return out
 
 
+def emit(line: str) -> None:
+    """Print a whole line in one write, as Python's logging does: the ranks of a node share
+    one log file and are unbuffered (``PYTHONUNBUFFERED``), and ``print`` writes the text and
+    its newline apart, so another rank's line could land between them and join two lines."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.spawn:
@@ -155,7 +163,7 @@ def main(argv: list[str]) -> int:
     if args.mbs * args.gas * args.dp != args.global_batch:
         print("AssertionError: mbs*gas*dp != global batch size", file=sys.stderr)
         return 2
-    print(f"> rank {rank} of {world} initialised", flush=True)
+    emit(f"> rank {rank} of {world} initialised")
     if args.oom_above is not None and args.mbs / args.tp > args.oom_above:
         if rank != (args.oom_rank % world):
             hang()  # a peer waiting for the failed rank in a collective
@@ -175,9 +183,9 @@ def main(argv: list[str]) -> int:
         return args.exit_code
     if args.print_rank == "all" or rank == world - 1:
         for line in lines(args, rank, world):
-            print(line, flush=True)
+            emit(line)
     elif args.format.startswith("megatron"):
-        print(lines(args, rank, world)[1], flush=True)  # report_memory from every stage
+        emit(lines(args, rank, world)[1])  # report_memory from every stage
     if args.hang_after_steps:
         hang()
     return 0
