@@ -96,6 +96,15 @@ def expected_run_s(runs: Sequence[tuple[float, float]], step_s: float) -> float 
     return max(mean_y - slope * mean_x, 0.0) + slope * step_s
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A trial this phase started and has not seen finish."""
+
+    nodes: int
+    since: float | None  # on the backend's clock; None when started before a resume
+    step_s: float  # the estimate's step of the run (proxy or full scale), to time it
+
+
 class TrialLike(Protocol):
     """What :class:`ProxyPhase` reads of a stored trial (a ``TrialRecord``)."""
 
@@ -145,11 +154,9 @@ class ProxyPhase(Strategy):
         self._wave_queue: list[Proposal] | None = None  # the first wave's, once chosen
         self._held: list[Proposal] = []  # picks waiting for more free nodes than there are
         self._overtaken = 0  # picks started since the oldest held one was held
-        self._running_nodes: dict[str, int] = {}  # key -> nodes its running trial holds
+        self._runs: dict[str, Run] = {}  # key -> its running trial
         self.room: Callable[[int], int] | None = None  # trials of N nodes the backend takes
         self.clock: Callable[[], float] | None = None  # the backend's time, seconds
-        self._since: dict[str, float] = {}  # key -> when its running trial started
-        self._run_step: dict[str, float] = {}  # key -> its running trial's predicted step
         self._durations: list[tuple[float, float]] = []  # finished: (predicted step, held s)
 
     # -- what the driver asks -----------------------------------------------------------------
@@ -244,11 +251,13 @@ class ProxyPhase(Strategy):
         """When the last running trial is expected to end, on the backend's clock."""
         ends = []
         for key in self._proxy_running | self._full_running:
-            since = self._since.get(key)  # none for a trial started before a resume
-            expected = expected_run_s(self._durations, self._run_step[key])
-            if since is None or expected is None:
+            run = self._runs[key]
+            if run.since is None:  # started before a resume: its end is unknown
                 return None
-            ends.append(since + expected)
+            expected = expected_run_s(self._durations, run.step_s)
+            if expected is None:
+                return None
+            ends.append(run.since + expected)
         return max(ends, default=None)
 
     def _ends_by(self, proposal: Proposal, end: float) -> bool:
@@ -275,7 +284,7 @@ class ProxyPhase(Strategy):
         nodes = self._run_nodes(proposal)
         if self.room is not None:
             return self.room(nodes) > 0
-        return nodes <= self.space.allocation.nodes - sum(self._running_nodes.values())
+        return nodes <= self.space.allocation.nodes - sum(r.nodes for r in self._runs.values())
 
     def _proxies_of(self, proposals: Iterable[Proposal]) -> list[Proposal]:
         """The wrapped strategy's proposals, each to be measured by its smallest proxy."""
@@ -451,10 +460,9 @@ class ProxyPhase(Strategy):
         told: list[tuple[ParallelLayout, Objective]] = []
         for record, result in finished:
             key = record.layout.key()
-            self._running_nodes.pop(key, None)
-            since, step = self._since.pop(key, None), self._run_step.pop(key, None)
-            if since is not None and step is not None and self.clock and result.ok:
-                self._durations.append((step, self.clock() - since))
+            run = self._runs.pop(key, None)
+            if run is not None and run.since is not None and self.clock and result.ok:
+                self._durations.append((run.step_s, self.clock() - run.since))
             value = result.objective(self.space.objective)
             if record.proxy_dp is not None:
                 self._proxy_running.discard(key)
@@ -514,12 +522,11 @@ class ProxyPhase(Strategy):
         self._layouts[key] = layout
         self._retry.pop(key, None)
         (self._full_running if proxy_dp is None else self._proxy_running).add(key)
-        space = self.space
-        run = layout if proxy_dp is None else dataclasses.replace(layout, dp=proxy_dp)
-        self._running_nodes[key] = nodes_for(run, space.allocation.devices_per_node)
-        self._run_step[key] = self._run_step_s(run)
-        if since is not None:
-            self._since[key] = since
+        ran = layout if proxy_dp is None else dataclasses.replace(layout, dp=proxy_dp)
+        nodes = nodes_for(ran, self.space.allocation.devices_per_node)
+        # Its predicted step serves only to time a drain, which needs its start.
+        step = 0.0 if since is None else self._run_step_s(ran)
+        self._runs[key] = Run(nodes, since, step)
         if proxy_dp is not None and key not in self._proxy_order:
             self._proxy_order[key] = None
 
