@@ -20,6 +20,10 @@ Sets (each transcribed below with its source):
   configurations (22B/175B/530B/1T, TP 8, DP 1, micro-batch 1 assumed).
   The SP+selective times reproduce the MFU the Megatron-LM README prints for them
   (41.5 / 51.4 / 56.0 / 56.3%), checked in :func:`main`.
+* ``hagemann2023``: Hagemann et al. 2023 (arXiv 2311.05610), every FlashAttention-2 run of
+  their five LLaMA layout sweeps on 64-256 A100 80GB (``replay/hagemann2023.csv``, see
+  ``replay/README.md``), each predicted under its replay space file: throughput over the
+  runs that fit, and which runs the estimate expects to fit against which ran out of memory.
 * ``narayanan-table2`` (kept aside, not looked at while changing the model): Narayanan et
   al. 2021 Table 2 (also plotted as Figure 10): ZeRO-3 without model parallelism vs PTD-P,
   175B and 530B, fixed global batch, achieved teraFLOP/s per GPU.
@@ -50,8 +54,12 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+from truths import REPLAY_DIR, PublishedSweep
+
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.estimate import EstimateSettings, flops_per_step, memory_per_rank, predict
+from parsearch.result import TrialState
+from parsearch.space import load_space
 
 A100_SELENE = AllocationSpec(
     name="selene-dgx-a100",
@@ -312,6 +320,49 @@ def report_memory(settings: EstimateSettings) -> dict[str, float]:
     }
 
 
+def report_sweeps() -> dict[str, dict[str, float]]:
+    """The estimate against each published sweep: throughput of the runs that fit, and
+    which runs it expects to fit."""
+    print("\n### hagemann2023 (tokens/s of the runs that fit; memory as fit / out of memory)\n")
+    print(
+        "| sweep | runs ok / oom | ratio range | pairwise | Spearman | same best "
+        "| ran, predicted OOM | OOM, predicted to fit |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    summaries = {}
+    for path in sorted(REPLAY_DIR.glob("*.yaml")):
+        space = load_space(path)
+        truth = PublishedSweep(space, 0)
+        plan = space.plan()
+        predicted, measured, wrong_oom, wrong_fit, ooms = [], [], 0, 0, 0
+        for layout, prediction in plan.feasible + plan.predicted_oom:
+            result = truth.measure(layout)
+            fits = prediction.memory.total <= space.memory_limit_bytes
+            if result.status is TrialState.OK:
+                predicted.append(prediction.tokens_per_s)
+                measured.append(result.metrics["tokens_per_s"])
+                wrong_oom += not fits
+            elif result.status is TrialState.OOM:
+                ooms += 1
+                wrong_fit += fits
+        ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
+        summary = {
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "pairwise": pairwise_agreement(predicted, measured),
+            "spearman": spearman(predicted, measured),
+            "same_best": float(measured[predicted.index(max(predicted))] >= 0.98 * max(measured)),
+        }
+        summaries[f"hagemann2023 {space.name}"] = summary
+        print(
+            f"| {space.name} | {len(measured)} / {ooms} | {summary['ratio_min']:.2f}–"
+            f"{summary['ratio_max']:.2f} | {summary['pairwise']:.0%} | "
+            f"{summary['spearman']:.2f} | {'yes' if summary['same_best'] else 'no'} "
+            f"| {wrong_oom} of {len(measured)} | {wrong_fit} of {ooms} |"
+        )
+    return summaries
+
+
 def main() -> None:
     # Megatron-LM of 2021-22 ran a fused (unflashed) softmax; see the module docstring.
     settings = EstimateSettings(flash_attention=False)
@@ -328,6 +379,7 @@ def main() -> None:
             "narayanan-table2 (check, kept aside)", narayanan_table2(), settings
         ),
     }
+    summaries.update(report_sweeps())
     memory = report_memory(settings)
     print("\n### Summary\n")
     print("| set | ratio range | pairwise | Spearman | same best |")

@@ -45,7 +45,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from truths import MEMORY, TRUTHS, Truth, TruthBackend
+from truths import MEMORY, REPLAY_DIR, TRUTHS, PublishedSweep, Truth, TruthBackend
 
 from parsearch.campaign.api import run_campaign
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
@@ -73,6 +73,8 @@ SPACES = (
     "llama3-8b-h200",
     "llama3-70b-h100",
 )
+# The published sweeps the replay truth answers (and only it: their measurements are the truth).
+REPLAY_SPACES = tuple(sorted(path.stem for path in REPLAY_DIR.glob("*.yaml")))
 STRATEGY_NAMES = ("default", "cbo-raw", "random", "grid")
 TARGET = 0.97
 WARM_SOURCE, WARM_TARGET, WARM_SOURCE_BUDGET = "gpt-175b-frontier", "gpt-1t-frontier", 30
@@ -283,13 +285,30 @@ class Outcome:
         needed = self.trials_to_target()
         return None if needed is None else sum(self.node_seconds[:needed]) / 3600
 
+    def ooms_to_target(self) -> int | None:
+        """Out-of-memory trials up to the one that reached the target (None: not reached
+        within the recorded trials)."""
+        needed = self.trials_to_target()
+        if needed is None or needed > len(self.states):
+            return None
+        return self.states[:needed].count(TrialState.OOM.value)
+
     def fraction(self, state: TrialState) -> float:
         return self.states.count(state.value) / max(1, len(self.states))
 
 
 @cache
 def space_named(name: str) -> SearchSpace:
-    return load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    folder = REPLAY_DIR if name in REPLAY_SPACES else ROOT / "search_spaces"
+    return load_space(folder / f"{name}.yaml")
+
+
+def applies(truth: str, memory: str, space: str) -> bool:
+    """A replay answers only its own sweep's space, with the memory it measured; the
+    simulated truths answer the production spaces."""
+    if truth == PublishedSweep.name:
+        return space in REPLAY_SPACES and memory == "as is"
+    return space not in REPLAY_SPACES
 
 
 def exhaustive_optimum(truth: Truth, *, noisy: bool = True) -> tuple[float, ParallelLayout]:
@@ -441,15 +460,16 @@ def tasks(
     strategies: tuple[str | Variant, ...],
     warm: bool,
 ) -> list[Task]:
-    """One task per seed, truth, memory direction and space (seed-major, so the progress
-    lines of a run stopped early cover every cell); the 1T space also warm-started from
-    175B when ``warm``."""
+    """One task per seed, truth, memory direction and space where the truth applies
+    (seed-major, so the progress lines of a run stopped early cover every cell); the 1T
+    space also warm-started from 175B when ``warm``."""
     return [
         Task(space, truth, memory, seed, budget, strategies, warm=warm and space == WARM_TARGET)
         for seed in range(seeds)  # seed-major: a run stopped early covers every cell
         for truth in truths
         for memory in memories
         for space in spaces
+        if applies(truth, memory, space)
     ]
 
 
@@ -462,8 +482,9 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
     lines = [
         f"| truth | memory | space | strategy | median trials to {TARGET:.0%} | worst | reached "
         f"| median node-h to {TARGET:.0%} | to a layout within 3% of the best: median / worst "
-        "(reached) | OOM | infeasible | ms/trial | optimum's estimate rank |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"(reached) | trials run | OOM | OOM to {TARGET:.0%} | infeasible | ms/trial "
+        "| optimum's estimate rank |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for (truth, memory, space, strategy), group in sorted(groups.items()):
         needed = [o.trials_to_target() for o in group]
@@ -478,6 +499,7 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
             for n in (o.trials_to_layout_target() for o in group)
         )
         found = sum(n != float("inf") for n in to_layout)
+        ooms = [n for n in (o.ooms_to_target() for o in group) if n is not None]
         lines.append(
             f"| {truth} | {memory} | {space} | {strategy} "
             f"| {_count(statistics.median(ranked), budget)} "
@@ -485,7 +507,9 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
             f"| {_hours(statistics.median(hours))} "
             f"| {_count(statistics.median(to_layout), budget)} / {_count(to_layout[-1], budget)} "
             f"({found}/{len(group)}) "
+            f"| {statistics.median(len(o.states) for o in group):g} "
             f"| {statistics.fmean(o.fraction(TrialState.OOM) for o in group):.0%} "
+            f"| {f'{statistics.median(ooms):g}' if ooms else '-'} "
             f"| {statistics.fmean(o.fraction(TrialState.INFEASIBLE) for o in group):.0%} "
             f"| {1e3 * statistics.median(o.seconds_per_trial for o in group):.0f} "
             f"| {', '.join(str(r) if r else 'pOOM' for r in ranks)} |"
@@ -567,7 +591,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="seeds per cell (default 10; 5 with --settings)")
     parser.add_argument("--budget", type=int, help="trials per campaign (60; 40 with --settings)")
     parser.add_argument("--jobs", type=int, default=2, help="campaigns run at once")
-    parser.add_argument("--spaces", nargs="+", default=list(SPACES), choices=SPACES)
+    every_space = [*SPACES, *REPLAY_SPACES]
+    parser.add_argument("--spaces", nargs="+", default=every_space, choices=every_space)
     parser.add_argument("--truths", nargs="+", default=list(TRUTHS), choices=list(TRUTHS))
     parser.add_argument("--memory", nargs="+", default=list(MEMORY), choices=list(MEMORY))
     parser.add_argument(

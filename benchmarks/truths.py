@@ -34,6 +34,7 @@ costs); AMD MI250X and NVIDIA H100/H200 data sheets (compute units, HBM bandwidt
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import heapq
@@ -41,6 +42,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,6 +55,8 @@ from parsearch.space import SearchSpace
 from parsearch.trial import TrialSpec
 
 NOISE = 0.05
+REPLAY_DIR = Path(__file__).resolve().parent / "replay"
+REPLAY_CSV = REPLAY_DIR / "hagemann2023.csv"
 GIB = 2**30
 STARTUP_S = 300.0  # per trial, for node-hours: job launch, communicators, model build
 
@@ -85,23 +89,7 @@ class Truth:
         if peak > space.memory_limit_bytes:
             return TrialResult(status=TrialState.OOM, error=f"needs {peak / GIB:.1f} GiB")
         noise = math.exp(_rng(self.seed, layout, "noise").gauss(0.0, NOISE)) if noisy else 1.0
-        step = answer.step_s * noise
-        if step * space.timed_steps > space.trial_timeout_s:
-            return TrialResult(status=TrialState.TIMEOUT, error=f"{step:.3g} s per step")
-        tokens = layout.dp * layout.mbs * layout.gas * space.model.seq_length
-        flops = _model_flops_per_token(space) * tokens
-        tflops = flops / step / space.world_size / 1e12
-        return TrialResult(
-            status=TrialState.OK,
-            metrics={
-                "step_time_s": step,
-                "tokens_per_s": tokens / step,
-                "tflops_per_device": tflops,
-                "mfu": tflops * 1e12 / space.allocation.peak_flops_per_device,
-                "peak_mem_bytes": peak,
-            },
-            duration_s=step * space.timed_steps,
-        )
+        return _timed_result(space, layout, answer.step_s * noise, {"peak_mem_bytes": peak})
 
     def node_seconds(self, result: TrialResult) -> float:
         """Node-seconds a trial with this result held: start-up, then its timed steps."""
@@ -300,6 +288,77 @@ class IndependentModel(Truth):
         return states + (activations + logits) * (1 + self.FRAGMENTATION) + framework
 
 
+class PublishedSweep(Truth):
+    """Replay of a published sweep: what each layout measured, or that it ran out of memory.
+
+    Hagemann et al. (arXiv 2311.05610) published every run of their layout sweeps of LLaMA
+    13B, 30B and 65B on 64-256 A100 80GB GPUs, out-of-memory runs included
+    (``replay/hagemann2023.csv``, converted from their spreadsheets: ``replay/README.md``).
+    Each space file in ``replay/`` searches exactly one sweep's (tp, pp, micro-batch,
+    recompute) values, so a search only proposes layouts that were measured. What a replay
+    cannot give: the peak memory of the runs that fit (not published: its trials report
+    none, so a strategy learns memory only from which layouts ran), other memory directions
+    (the wall is where that machine had it) and a noise draw (each figure is already a
+    mean of nine steps): its seeds vary only the strategies' own random choices.
+    """
+
+    name = "replay"
+    KERNEL = "flash_attention2"  # the sweeps' attention kernel the space files describe
+
+    def __init__(self, space: SearchSpace, seed: int, mem_factor: float = 1.0):
+        if mem_factor != 1.0:
+            raise ValueError(
+                f"the replay truth's memory is as measured: memory x{mem_factor} does not apply"
+            )
+        super().__init__(space, seed, mem_factor)
+        self.runs = published_runs(space.name, self.KERNEL)
+        if not self.runs:
+            raise ValueError(f"{REPLAY_CSV} has no {self.KERNEL} runs of a sweep {space.name!r}")
+
+    def measure(self, layout: ParallelLayout, *, noisy: bool = True) -> TrialResult:
+        run = self.runs.get((layout.tp, layout.pp, layout.mbs, layout.recompute))
+        swept = (layout.zero_stage, layout.vpp, layout.sequence_parallel) == (1, 1, False)
+        if run is None or not swept:
+            return TrialResult(status=TrialState.ERROR, error="not measured in the published sweep")
+        if run["status"] == "oom":
+            return TrialResult(
+                status=TrialState.OOM, error=f"out of memory in the sweep (run {run['trial_id']})"
+            )
+        return _timed_result(self.space, layout, float(run["step_time_s"]), {})
+
+
+@cache
+def published_runs(sweep: str, kernel: str) -> dict[tuple[int, int, int, str], dict[str, str]]:
+    """One sweep's runs with one kernel, by (tp, pp, micro-batch, recompute)."""
+    with REPLAY_CSV.open(newline="") as file:
+        return {
+            (int(row["tp"]), int(row["pp"]), int(row["mbs"]), row["recompute"]): row
+            for row in csv.DictReader(file)
+            if row["sweep"] == sweep and row["kernel"] == kernel
+        }
+
+
+def _timed_result(
+    space: SearchSpace, layout: ParallelLayout, step: float, extra: dict[str, float]
+) -> TrialResult:
+    """A trial that ran at ``step`` seconds per step: timed out, or its metrics."""
+    if step * space.timed_steps > space.trial_timeout_s:
+        return TrialResult(status=TrialState.TIMEOUT, error=f"{step:.3g} s per step")
+    tokens = layout.dp * layout.mbs * layout.gas * space.model.seq_length
+    tflops = _model_flops_per_token(space) * tokens / step / space.world_size / 1e12
+    return TrialResult(
+        status=TrialState.OK,
+        metrics={
+            "step_time_s": step,
+            "tokens_per_s": tokens / step,
+            "tflops_per_device": tflops,
+            "mfu": tflops * 1e12 / space.allocation.peak_flops_per_device,
+            **extra,
+        },
+        duration_s=step * space.timed_steps,
+    )
+
+
 def _ring(size: float, group: int, bandwidth: float, alpha: float) -> float:
     """A ring all-reduce (Thakur et al. 2005): 2(g-1)/g of the bytes, 2(g-1) latencies."""
     if group <= 1:
@@ -345,6 +404,7 @@ TRUTHS: dict[str, type[Truth]] = {
     RescaledEstimate.name: RescaledEstimate,
     IndependentModel.name: IndependentModel,
     RandomField.name: RandomField,
+    PublishedSweep.name: PublishedSweep,
 }
 MEMORY = {"as is": 1.0, "heavier": 1.2, "lighter": 0.85}
 
