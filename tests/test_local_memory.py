@@ -58,6 +58,20 @@ def test_a_measured_twin_keeps_a_layout_a_wrong_shaped_global_fit_prunes(space):
     assert estimate.fits()[twin]
 
 
+def test_a_twin_that_ran_without_reporting_a_peak_counts_as_fitted(space):
+    """A trainer whose log prints no peak (a command trainer; the published sweeps in
+    benchmarks/replay/): the trial still ran, so its twin fits."""
+    estimate = estimate_of(space)
+    first, twin = twins(estimate)
+    rng = np.random.default_rng(0)
+    small = np.flatnonzero(estimate.predicted_mem < 0.5 * 64 * GIB)
+    for i in rng.choice(small, 6, replace=False):
+        estimate.measured_peak(estimate.items[i].layout, 1.9 * estimate.predicted_mem[i])
+    assert not estimate.fits()[twin]
+    estimate.measured_objective(estimate.items[first].layout, 1000.0)
+    assert estimate.fits()[twin]
+
+
 def test_an_out_of_memory_twin_rules_out_the_family_above_it(space):
     estimate = estimate_of(space)
     first, twin = twins(estimate)

@@ -365,10 +365,11 @@ class CalibratedEstimate:
         return self.predicted_objective * self.predicted_step / self.step.step_time(self.parts)
 
     def measured_objective(self, layout: ParallelLayout, objective: float) -> None:
-        """A trial of ``layout`` reached ``objective``: a measured step time, relative to
-        the predicted one."""
+        """A trial of ``layout`` reached ``objective``: it fitted in memory, and ran at a
+        measured step time, relative to the predicted one."""
         i = self.index.get(layout.key())
         if i is not None and objective > 0:
+            self.local.add_ran(i)
             step = self.predicted_step[i] * self.predicted_objective[i] / objective
             self.step.add(self.parts[i], step)
 

@@ -25,6 +25,10 @@ relatives were measured and fitted. Three kinds of local evidence correct that:
   to have failed exactly at the declared size. Every layout expected to need at least as
   much as it (within the margin) is pruned, wherever the wall is.
 
+A trial that ran is evidence for its twins whether or not its trainer reported a peak
+(a command trainer's log may print none; the published sweeps replayed in
+``benchmarks/replay/`` have none).
+
 The margin is the local model's own leave-one-out spread, and never more than
 :data:`MAX_MARGIN` of the device: a wide margin prunes exactly the layouts near the wall.
 """
@@ -60,6 +64,7 @@ class LocalMemory:
         self.features = np.array([_features(layout) for layout in layouts]) / length
         self.first_margin = first_margin
         self._peaks: dict[int, tuple[float, float]] = {}  # item -> (measured, weight)
+        self._ran: set[int] = set()  # items that ran to the end, peak reported or not
         self._ooms: set[int] = set()
         # Column k: the kernel from the k-th measured item to every item, computed once.
         self._near = np.zeros((len(layouts), 16))
@@ -76,11 +81,17 @@ class LocalMemory:
         """Item ``item`` ran and peaked at ``measured`` bytes."""
         if measured > 0 and weight > 0:
             self._peaks[item] = (float(measured), float(weight))
-            self._proven[self._same_memory(item)] = True
+            self.add_ran(item)
             column = list(self._peaks).index(item)
             if column == self._near.shape[1]:
                 self._near = np.hstack([self._near, np.zeros_like(self._near)])
             self._near[:, column] = kernel(self.features[item : item + 1], self.features)[0]
+
+    def add_ran(self, item: int) -> None:
+        """Item ``item`` ran to the end: what it needed fitted, whether or not its trainer
+        reported a peak."""
+        self._ran.add(item)
+        self._proven[self._same_memory(item)] = True
 
     def add_oom(self, item: int) -> None:
         """Item ``item`` ran out of memory."""
@@ -127,10 +138,10 @@ class LocalMemory:
         return (fits | known_fit) & ~known_oom
 
     def _twins(self) -> tuple[np.ndarray, np.ndarray]:
-        """Items a measured twin proves to fit, and items an out-of-memory twin rules out."""
+        """Items a twin that ran proves to fit, and items an out-of-memory twin rules out."""
         size = self.family.max() + 1
         fitted = np.full(size, -np.inf)
-        for item in self._peaks:
+        for item in self._ran:
             family = self.family[item]
             fitted[family] = max(fitted[family], self.predicted[item])
         failed = np.full(size, np.inf)
