@@ -52,6 +52,19 @@ def test_megatron_lm_memory_report_is_mebibytes():
     assert [s.index for s in result.steps] == [2, 3]
 
 
+def test_megatron_records_joined_on_one_line_are_read_apart():
+    """Ranks sharing one log, unbuffered: another rank's memory report can land between an
+    iteration line's text and its newline, or before it (see ``parsers.base.records``)."""
+    lines = (LOGS / "megatron-lm-h100-memory.log").read_text().splitlines()
+    memory, iteration_2, iteration_3 = lines[0], lines[1], lines[2]
+    joined = [iteration_2 + memory, memory.rstrip() + iteration_3]
+    result = parse_lines(joined, make_parser("megatron"))
+    assert [s.index for s in result.steps] == [2, 3]
+    assert [s.step_time_s for s in result.steps] == pytest.approx([5.6301, 5.4106])
+    assert [s.loss for s in result.steps] == pytest.approx([2.021530, 2.003316])
+    assert result.peak_mem_bytes == pytest.approx(54250.98583984375 * MIB)
+
+
 def test_megatron_lm_current_format_without_throughput():
     result = scan("megatron-lm-2026.log", "megatron")
     (step,) = result.steps
@@ -140,6 +153,25 @@ def test_torchtitan_colour_codes_and_validation_lines():
     result = parse_lines([coloured, validation], make_parser("torchtitan"))
     (step,) = result.steps
     assert (step.index, step.tokens_per_s_per_device, step.reported_mfu) == (3, 30768, None)
+
+
+def test_torchtitan_records_joined_on_one_line_are_read_apart():
+    """The line a CI run once saw: rank 0's step 6 and another rank's step 1, joined."""
+    joined = (
+        "[rank0]:[titan] - root - INFO - step: 6  loss: 7.1  memory: 1.20GiB(5%)  tps: 1,280  "
+        "tflops: 0.1  mfu: 0.01%[rank1]:[titan] - root - INFO - step: 1  loss: 9.9  "
+        "memory: 1.10GiB(5%)  tps: 427  tflops: 0.03  mfu: 0.00%"
+    )
+    validation = "[rank0]:[titan] - root - INFO - step: 7  loss: 7.0  tps: 1,300  " + (
+        "[rank0]:[titan] - root - INFO - validate step: 7  loss: 2.5  tps: 9"
+    )
+    result = parse_lines([joined, validation], make_parser("torchtitan"))
+    assert [(s.index, s.tokens_per_s_per_device, s.loss) for s in result.steps] == [
+        (6, 1280, 7.1),
+        (1, 427, 9.9),
+        (7, 1300, 7.0),
+    ]
+    assert result.peak_reserved_bytes == pytest.approx(1.2 * GIB)
 
 
 def test_torchtitan_all_ranks_printing():

@@ -27,6 +27,18 @@ def leading_number(text: str) -> float | None:
     return float(match.group().replace(",", ""))
 
 
+def records(line: str, start: re.Pattern[str]) -> list[str]:
+    """``line`` cut before every match of ``start`` (the text before the first is kept).
+
+    Ranks that share one log (torchrun without per-rank redirects) can join two records on
+    one line: under ``PYTHONUNBUFFERED``, which parsearch sets so logs are live, a
+    ``print``'s text and its newline are two writes, and another rank may write between
+    them. Each record is then read on its own instead of one overwriting the other's fields.
+    """
+    cuts = [match.start() for match in start.finditer(line) if match.start() > 0]
+    return [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
+
+
 @dataclass
 class Step:
     """One logged training step (or one log interval, when a trainer averages several).

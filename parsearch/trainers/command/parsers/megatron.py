@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import re
 
-from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number
+from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number, records
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _MEMORY = re.compile(r"\bmemory \(MB\)\s*((?:\|\s*[^|:]+:\s*[\d.]+\s*)+)")
 _DEEPSPEED_MAX_MEM = re.compile(r"\bMaxMemAllocated=([\d.]+)GB")
+# Where a record starts, to read records another rank's output joined on one line apart.
+_RECORD = re.compile(r"\[[^\]]*\]\s*iteration\s+\d+\s*/|\biteration\s+\d+\s*/|\[Rank \d+\]")
 MIB = 1024**2
 GIB = 1024**3
 
@@ -57,6 +59,10 @@ class MegatronParser:
         self.deepspeed = deepspeed
 
     def feed(self, line: str, scan: LogScan) -> None:
+        for record in records(line, _RECORD):
+            self._feed_record(record, scan)
+
+    def _feed_record(self, line: str, scan: LogScan) -> None:
         if (match := _ITERATION.search(line)) is not None:
             scan.steps.append(self._step(int(match.group(1)), _fields(match.group(2))))
         elif (match := _MEMORY.search(line)) is not None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 
-from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number
+from parsearch.trainers.command.parsers.base import LogScan, Step, leading_number, records
 
 _PAIR = re.compile(r"\b(step|loss|memory|tps|tflops|mfu):\s*(\S+)")
+_RECORD = re.compile(r"\b(?:validate )?step:")  # a step line's (or a validation line's) start
 GIB = 1024**3
 
 
@@ -27,6 +28,10 @@ class TorchtitanParser:
     """Step lines of torchtitan's trainer."""
 
     def feed(self, line: str, scan: LogScan) -> None:
+        for record in records(line, _RECORD):
+            self._feed_record(record, scan)
+
+    def _feed_record(self, line: str, scan: LogScan) -> None:
         if "step:" not in line or "validate step:" in line:
             return
         values = dict(_PAIR.findall(line))
