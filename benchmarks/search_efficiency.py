@@ -120,6 +120,7 @@ class Variant:
     acquisition: str = "mean"
     residual_length: float = 1.0  # the residual field's correlation length, log2 steps
     category_distance: float = CATEGORY_DISTANCE  # and a differing category, in lengths
+    settle: float | None = None  # end once nothing untried is this many spreads above best
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -132,6 +133,7 @@ class Variant:
             explore=self.explore,
             patience=self.patience,
             acquisition=self.acquisition,
+            settle=self.settle,
         )
         prior = (self.residual_length, self.category_distance)
         if self.residual and prior != (1.0, CATEGORY_DISTANCE):  # the default's field otherwise
@@ -168,6 +170,7 @@ VARIANTS = (
     Variant("residual-length-2", residual_length=2.0),  # the field's correlation, longer
     Variant("residual-category-1", category_distance=1.0),  # categories nearer
     Variant("residual-2-category-1", residual_length=2.0, category_distance=1.0),
+    Variant("settle-2", settle=2.0),  # ends once nothing untried could beat the best
 )
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from parsearch.search.candidates import raw_layout
 from parsearch.search.strategy import (
+    SETTLE_SPREADS,
     GuidedStrategy,
     RandomStrategy,
     RawCBOStrategy,
@@ -166,3 +167,33 @@ def test_random_is_reproducible_by_seed(tiny):
 def test_unknown_strategy_names_the_valid_ones(tiny):
     with pytest.raises(StrategyError, match="cbo-raw"):
         make_strategy("bayes", tiny, seed=0)
+
+
+def _seeded(space, **options):
+    """A default strategy whose seeds were measured at exactly what the estimate predicts."""
+    strategy = GuidedStrategy(space, seed=0, **options)
+    seeds = strategy.ask(strategy.n_seeds)
+    strategy.tell([(p.layout, _objective(space, p.layout)) for p in seeds])
+    return strategy
+
+
+def test_settle_ends_once_no_untried_layout_could_beat_the_best(space_175b):
+    """Measured as predicted, the best seed is the estimate's best: with no optimism
+    (settle 0) nothing untried can beat it, and the strategy says it settled."""
+    strategy = _seeded(space_175b, settle=0.0)
+    assert strategy.ask(1) == []
+    assert strategy.settled
+
+
+def test_settle_keeps_looking_where_the_estimate_was_never_checked(space_175b):
+    """Two posterior spreads (the default ``--settle``) leave the layouts far from the
+    seeds hopeful, and without ``settle`` nothing ends before the space does."""
+    for options in ({"settle": SETTLE_SPREADS}, {}):
+        strategy = _seeded(space_175b, **options)
+        assert len(strategy.ask(1)) == 1
+        assert not strategy.settled
+
+
+def test_settle_needs_the_default_strategy(tiny):
+    with pytest.raises(StrategyError, match="--settle needs the default strategy"):
+        make_strategy("random", tiny, seed=0, settle=True)

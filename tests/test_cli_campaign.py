@@ -243,3 +243,28 @@ def test_a_campaign_another_driver_holds_exits_75_to_be_retried(tmp_path, capsys
     assert code == 75 and "being run by another parsearch driver" in err
     code, _, err = _run_resume(capsys, TINY, db, "--budget", "3")
     assert code == 75 and "being run by another parsearch driver" in err
+
+
+def test_run_settle_ends_early_with_the_same_best_and_resume_keeps_it(tmp_path, capsys):
+    """tiny-cpu on the simulate backend: tried to exhaustion (34 layouts), and with
+    ``--settle``, which ends once no untried layout is expected to beat the best."""
+    common = ["--backend", "simulate", "--budget", "100", "--quiet"]
+    code, out, _ = _cli(capsys, "run", str(TINY), "--store", str(tmp_path / "all.db"), *common)
+    assert code == 0 and "no untried layout left; 34/100" in out
+    settled_db = str(tmp_path / "settled.db")
+    code, out, _ = _cli(capsys, "run", str(TINY), "--store", settled_db, "--settle", *common)
+    assert code == 0 and "settled: no untried layout is expected to beat the best" in out
+    with open_store(tmp_path / "all.db", readonly=True) as store:
+        every = store.trials(store.get_campaign().id)
+    with open_store(settled_db, readonly=True) as store:
+        campaign = store.get_campaign()
+        settled = store.trials(campaign.id)
+        assert campaign.settings["settle"] is True
+    assert len(settled) < len(every)
+    best = max(t.objective or 0 for t in every)
+    assert max(t.objective or 0 for t in settled) == best
+    code, out, _ = _cli(capsys, "resume", "--store", settled_db, "--quiet")
+    assert (
+        code == 0
+        and f"settled: no untried layout is expected to beat the best; {len(settled)}/100" in out
+    )

@@ -24,7 +24,7 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, start_campaign
 from parsearch.search.proxy_phase import ProxyPhase
-from parsearch.search.strategy import Strategy, make_strategy
+from parsearch.search.strategy import GuidedStrategy, Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space
 
 
@@ -41,6 +41,7 @@ def run_campaign(
     progress: bool = False,
     observers: Observers | None = None,
     proxy: bool = False,
+    settle: bool = False,
 ) -> SessionSummary:
     """Create campaign ``name`` (default: the space's name) in the store file ``store`` and
     run it on ``backend`` until ``budget`` trials have finished.
@@ -51,13 +52,14 @@ def run_campaign(
     one started by ``parsearch run``, so ``parsearch status/top/report`` read it; ``resume``
     rebuilds its backend by name (``backend.name``) with default options. ``proxy``
     explores by proxy trials on fewer nodes and confirms the best at full scale, as
-    ``parsearch run --proxy`` (:mod:`parsearch.search.proxy_phase`).
+    ``parsearch run --proxy`` (:mod:`parsearch.search.proxy_phase`); ``settle`` ends it
+    once no untried layout is expected to beat the best, as ``parsearch run --settle``.
     """
     try:
         if not isinstance(space, SearchSpace):
             space = load_space(space)
         if isinstance(strategy, str):
-            strategy = make_strategy(strategy, space, seed=seed)
+            strategy = make_strategy(strategy, space, seed=seed, settle=settle)
         if proxy:
             strategy = ProxyPhase(strategy)
     except BaseException:
@@ -68,7 +70,11 @@ def run_campaign(
     proxy = isinstance(strategy, ProxyPhase)
     named = strategy.inner if isinstance(strategy, ProxyPhase) else strategy
     settings = CampaignSettings(
-        backend=backend.name, strategy=named.name, timeout_s=timeout_s, proxy=proxy
+        backend=backend.name,
+        strategy=named.name,
+        timeout_s=timeout_s,
+        proxy=proxy,
+        settle=isinstance(named, GuidedStrategy) and named.settle is not None,
     )
     return start_campaign(
         space,

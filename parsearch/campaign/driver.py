@@ -63,13 +63,14 @@ class Outcome(str, enum.Enum):
 
     BUDGET = "budget reached"
     EXHAUSTED = "no untried layout left"
+    SETTLED = "settled: no untried layout is expected to beat the best"
     STOPPED = "stopped by a signal"
     TIMED_OUT = "campaign timeout reached"
 
     @property
     def complete(self) -> bool:
         """Whether the campaign is done (rather than paused until ``resume``)."""
-        return self in (Outcome.BUDGET, Outcome.EXHAUSTED)
+        return self in (Outcome.BUDGET, Outcome.EXHAUSTED, Outcome.SETTLED)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,9 @@ class Driver:
             )
         if self.queue:  # re-queued trials the (lowered) budget leaves no room for
             self.interrupted = self.store.mark_interrupted(self.campaign.id)
-        return Outcome.BUDGET if self.finished >= self.settings.budget else Outcome.EXHAUSTED
+        if self.finished >= self.settings.budget:
+            return Outcome.BUDGET
+        return Outcome.SETTLED if self.strategy.settled else Outcome.EXHAUSTED
 
     def _dispatch(self) -> bool:
         """Fill free slots within the budget; return whether the strategy ran dry."""

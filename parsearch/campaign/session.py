@@ -64,6 +64,7 @@ class CampaignSettings:
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
     machine: str | None = None  # a machine profile given with --machine
     proxy: bool = False  # explore by proxy trials at fewer replicas, confirm at full scale
+    settle: bool = False  # end once no untried layout is expected to beat the best
 
     def __post_init__(self) -> None:
         """Refuse what would hang or crash a session later (an infinite wait, a NaN lease)."""
@@ -323,6 +324,7 @@ class _Parts:
             space,
             seed=seed,
             keep_predicted_oom=settings.keep_predicted_oom,
+            settle=settings.settle,
             warm_start=None
             if settings.warm_start is None
             else load_warm_start(settings.warm_start, settings.warm_start_name),

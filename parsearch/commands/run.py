@@ -51,6 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also try layouts the estimate predicts to run out of memory",
     )
     parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="end before the budget once no untried layout is expected to beat the best "
+        "measured one, even at the optimistic end of what the trials taught the estimate "
+        "(default strategy; resume keeps it)",
+    )
+    parser.add_argument(
         "--proxy",
         action="store_true",
         help="explore by proxy trials (each layout on fewer data-parallel replicas, so on "
@@ -103,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     settings = CampaignSettings(
         strategy=args.strategy,
         keep_predicted_oom=args.keep_predicted_oom,
+        settle=args.settle,
         proxy=args.proxy,
         warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
         warm_start_name=args.warm_start_name,

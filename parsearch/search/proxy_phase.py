@@ -552,5 +552,9 @@ class ProxyPhase(Strategy):
     def allows(self, layout: ParallelLayout) -> bool:
         return self.inner.allows(layout)
 
+    @property
+    def settled(self) -> bool:
+        return self.inner.settled
+
     def close(self) -> None:
         self.inner.close()

@@ -36,6 +36,9 @@ from parsearch.search.warm_start import WarmStart
 from parsearch.space import SearchSpace
 
 DEFAULT_CBO = CBOSettings()
+# ``--settle``: a campaign ends once no untried layout's calibrated objective, at this many
+# posterior spreads of the residual field above its mean, beats the best measured.
+SETTLE_SPREADS = 2.0
 
 
 class StrategyError(ParsearchError):
@@ -113,6 +116,12 @@ class Strategy(abc.ABC):
         """Whether this strategy would run ``layout`` (its pruning predicate)."""
         return True
 
+    @property
+    def settled(self) -> bool:
+        """Whether it has nothing left to propose because no untried layout is expected to
+        beat the best measured one (rather than because none is left)."""
+        return False
+
     def close(self) -> None:
         """Release what the strategy holds (DeepHyper's temporary directory)."""
         if self.optimizer is not None:
@@ -172,6 +181,7 @@ class GuidedStrategy(Strategy):
         patience: int = 6,
         explore: float = 2.0,
         acquisition: str = "mean",
+        settle: float | None = None,
     ):
         super().__init__(space, seed=seed)
         plan = space.plan()
@@ -189,6 +199,7 @@ class GuidedStrategy(Strategy):
         self.plateau = Plateau(patience)
         self.explore = explore
         self.acquisition = acquisition
+        self.settle = settle
         self._made = 0  # proposals after the initial ones, for the optimizer's share
         self._pending: set[str] = set()
         if n_seeds is None:
@@ -236,7 +247,32 @@ class GuidedStrategy(Strategy):
         return objective * np.exp(mean + kappa * spread)
 
     def _unseen_ranked(self) -> list[Candidate]:
-        return [self.estimate.items[i] for i in self._ranking() if self._keys[i] not in self.seen]
+        ranking = self._ranking()
+        if self._settling():
+            ranking = ranking[self._hopeful()[ranking]]
+        return [self.estimate.items[i] for i in ranking if self._keys[i] not in self.seen]
+
+    def _settling(self) -> bool:
+        """Whether untried layouts are judged by whether they could still beat the best:
+        with ``settle``, once the seeds have been measured."""
+        return (
+            self.settle is not None
+            and self.residual is not None
+            and self.residual.measurements >= self.n_seeds
+            and self.plateau.best > 0
+        )
+
+    def _hopeful(self) -> np.ndarray:
+        """Items that could still beat the best measured objective: their calibrated
+        objective times the residual field's posterior mean and ``settle`` posterior
+        spreads (the optimistic end of what the estimate has learnt of this machine)."""
+        objective = self.estimate.objective()
+        mean, spread = self.residual.posterior(objective)
+        return objective * np.exp(mean + self.settle * spread) > self.plateau.best
+
+    @property
+    def settled(self) -> bool:
+        return self._settling() and not self._unseen_ranked()
 
     def _region_points(self) -> list[dict]:
         ranked = self._unseen_ranked()
@@ -429,16 +465,24 @@ def make_strategy(
     seed: int,
     keep_predicted_oom: bool = False,
     warm_start: WarmStart | None = None,
+    settle: bool = False,
 ) -> Strategy:
-    """The strategy called ``name`` for ``space``; ``keep_predicted_oom`` and ``warm_start``
+    """The strategy called ``name`` for ``space``; ``keep_predicted_oom``, ``warm_start``
     (another campaign's measurements, see :func:`parsearch.query.load_warm_start`, which
-    calibrate the estimate) apply to ``default`` only."""
+    calibrate the estimate) and ``settle`` (end once no untried layout could beat the best,
+    :data:`SETTLE_SPREADS`) apply to ``default`` only."""
     if name not in STRATEGIES:
         raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
     if name != GuidedStrategy.name:
         if warm_start is not None:
             raise StrategyError(f"--warm-start needs the default strategy, not {name!r}")
+        if settle:
+            raise StrategyError(f"--settle needs the default strategy, not {name!r}")
         return STRATEGIES[name](space, seed=seed)
     return GuidedStrategy(
-        space, seed=seed, keep_predicted_oom=keep_predicted_oom, warm_start=warm_start
+        space,
+        seed=seed,
+        keep_predicted_oom=keep_predicted_oom,
+        warm_start=warm_start,
+        settle=SETTLE_SPREADS if settle else None,
     )
