@@ -485,9 +485,9 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
     lines = [
         f"| truth | memory | space | strategy | median trials to {TARGET:.0%} | worst | reached "
         f"| median node-h to {TARGET:.0%} | to a layout within 3% of the best: median / worst "
-        f"(reached) | trials run | OOM | OOM to {TARGET:.0%} | infeasible | ms/trial "
-        "| optimum's estimate rank |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"(reached) | trials run | campaign node-h | OOM | OOM to {TARGET:.0%} | infeasible "
+        "| ms/trial | optimum's estimate rank |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for (truth, memory, space, strategy), group in sorted(groups.items()):
         needed = [o.trials_to_target() for o in group]
@@ -511,6 +511,7 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
             f"| {_count(statistics.median(to_layout), budget)} / {_count(to_layout[-1], budget)} "
             f"({found}/{len(group)}) "
             f"| {statistics.median(len(o.states) for o in group):g} "
+            f"| {_hours(statistics.median(sum(o.node_seconds) / 3600 for o in group))} "
             f"| {statistics.fmean(o.fraction(TrialState.OOM) for o in group):.0%} "
             f"| {f'{statistics.median(ooms):g}' if ooms else '-'} "
             f"| {statistics.fmean(o.fraction(TrialState.INFEASIBLE) for o in group):.0%} "
