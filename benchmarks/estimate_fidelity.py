@@ -282,15 +282,20 @@ def report_throughput(name: str, runs: list[Run], settings: EstimateSettings) ->
         print(
             f"| {run.label} | {run.layout.short()} | {m:.1f} | {p:.1f} | {r:.2f} | {memory:.1f} |"
         )
-    summary = {
+    return agreement(predicted, measured)
+
+
+def agreement(predicted: list[float], measured: list[float]) -> dict[str, float]:
+    """Ratio range, pairwise order agreement, Spearman, and whether the predicted best is
+    the measured best (ties within 2% among the measured best count as the same)."""
+    ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
+    return {
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
         "pairwise": pairwise_agreement(predicted, measured),
         "spearman": spearman(predicted, measured),
-        # Ties (within 2%) among the measured best count as the same best.
         "same_best": float(measured[predicted.index(max(predicted))] >= 0.98 * max(measured)),
     }
-    return summary
 
 
 def report_memory(settings: EstimateSettings) -> dict[str, float]:
@@ -345,14 +350,7 @@ def report_sweeps() -> dict[str, dict[str, float]]:
             elif result.status is TrialState.OOM:
                 ooms += 1
                 wrong_fit += fits
-        ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
-        summary = {
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
-            "pairwise": pairwise_agreement(predicted, measured),
-            "spearman": spearman(predicted, measured),
-            "same_best": float(measured[predicted.index(max(predicted))] >= 0.98 * max(measured)),
-        }
+        summary = agreement(predicted, measured)
         summaries[f"hagemann2023 {space.name}"] = summary
         print(
             f"| {space.name} | {len(measured)} / {ooms} | {summary['ratio_min']:.2f}–"
