@@ -106,7 +106,8 @@ def test_a_replay_has_no_memory_directions():
 def test_the_default_strategy_finds_the_sweeps_best_layout_in_a_real_campaign(tmp_path):
     """LLaMA 65B on 128 A100s: the sweep's best layout (tp2 pp8 mbs1, no checkpointing,
     49.7% MFU) is 16% ahead of the next; the campaign must run it within its first five
-    trials, record the sweep's out-of-memory layouts as such, and rank it best."""
+    trials (the estimate's picks: DeepHyper's first proposal comes later), record the
+    sweep's out-of-memory layouts as such, and rank it best."""
     truth = replay("llama-65b-2k-a100-128")
     space = truth.space
     best = max(
@@ -120,14 +121,13 @@ def test_the_default_strategy_finds_the_sweeps_best_layout_in_a_real_campaign(tm
         store_path,
         backend=TruthBackend(truth),
         strategy=make_strategy("default", space, seed=0),
-        budget=8,
+        budget=5,
         seed=0,
     )
     with open_store(store_path, readonly=True) as store:
         trials = store.trials(store.get_campaign().id)
-    assert len(trials) == 8
-    keys = [trial.layout.key() for trial in trials]
-    assert best.key() in keys[:5]
+    assert len(trials) == 5
+    assert best.key() in [trial.layout.key() for trial in trials]
     for trial in trials:
         assert trial.state is truth.measure(trial.layout).status
     ok = [t for t in trials if t.state is TrialState.OK]
