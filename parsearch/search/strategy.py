@@ -223,23 +223,40 @@ class GuidedStrategy(Strategy):
     def _ranking(self) -> np.ndarray:
         """Indices of the allowed items: those expected to finish within the trial timeout
         first, each group by calibrated objective (with ``keep_predicted_oom``, those
-        expected to fit in memory before the others)."""
+        expected to fit in memory before the others); while settling, only those that
+        could still beat the best (:meth:`_hopeful`)."""
         fits = self.estimate.fits()
-        key = (-self.scores(), ~self.estimate.in_time())
+        expected = self._expected()
+        key = (-self._scores(*expected), ~self.estimate.in_time())
         if self.keep_predicted_oom:
-            return np.lexsort((*key, ~fits))
-        allowed = np.flatnonzero(fits)
-        return allowed[np.lexsort(tuple(column[allowed] for column in key))]
+            order = np.lexsort((*key, ~fits))
+        else:
+            allowed = np.flatnonzero(fits)
+            order = allowed[np.lexsort(tuple(column[allowed] for column in key))]
+        if self._settling():
+            order = order[self._hopeful(*expected)[order]]
+        return order
+
+    def _expected(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The calibrated objective of every item, and the residual field's posterior mean
+        and spread there (``None`` before it has a measurement)."""
+        objective = self.estimate.objective()
+        if self.residual is None or not self.residual.measurements:
+            return objective, None, None
+        return objective, *self.residual.posterior(objective)
 
     def scores(self) -> np.ndarray:
         """What each item is expected to reach: the calibrated objective, times the learnt
         residual's posterior mean, and, once the search is stuck (no gain for ``patience``
         trials), its posterior spread times ``explore``: the search then looks where the
         estimate has not been checked yet."""
-        objective = self.estimate.objective()
-        if self.residual is None or not self.residual.measurements:
+        return self._scores(*self._expected())
+
+    def _scores(
+        self, objective: np.ndarray, mean: np.ndarray | None, spread: np.ndarray | None
+    ) -> np.ndarray:
+        if mean is None or spread is None:
             return objective
-        mean, spread = self.residual.posterior(objective)
         kappa = self.explore if self.plateau.stuck else 0.0
         if self.acquisition == "ei" and self.plateau.best > 0:
             log_mean = np.log(objective) + mean + kappa * spread
@@ -247,10 +264,7 @@ class GuidedStrategy(Strategy):
         return objective * np.exp(mean + kappa * spread)
 
     def _unseen_ranked(self) -> list[Candidate]:
-        ranking = self._ranking()
-        if self._settling():
-            ranking = ranking[self._hopeful()[ranking]]
-        return [self.estimate.items[i] for i in ranking if self._keys[i] not in self.seen]
+        return [self.estimate.items[i] for i in self._ranking() if self._keys[i] not in self.seen]
 
     def _settling(self) -> bool:
         """Whether untried layouts are judged by whether they could still beat the best:
@@ -262,12 +276,10 @@ class GuidedStrategy(Strategy):
             and self.plateau.best > 0
         )
 
-    def _hopeful(self) -> np.ndarray:
+    def _hopeful(self, objective: np.ndarray, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
         """Items that could still beat the best measured objective: their calibrated
         objective times the residual field's posterior mean and ``settle`` posterior
         spreads (the optimistic end of what the estimate has learnt of this machine)."""
-        objective = self.estimate.objective()
-        mean, spread = self.residual.posterior(objective)
         return objective * np.exp(mean + self.settle * spread) > self.plateau.best
 
     @property

@@ -30,7 +30,7 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _MEMORY = re.compile(r"\bmemory \(MB\)\s*((?:\|\s*[^|:]+:\s*[\d.]+\s*)+)")
 _DEEPSPEED_MAX_MEM = re.compile(r"\bMaxMemAllocated=([\d.]+)GB")
 # Where a record starts, to read records another rank's output joined on one line apart.
-_RECORD = re.compile(r"\[[^\]]*\]\s*iteration\s+\d+\s*/|\biteration\s+\d+\s*/|\[Rank \d+\]")
+_RECORD = re.compile(r"\biteration\s+\d+\s*/|\[Rank \d+\]")
 MIB = 1024**2
 GIB = 1024**3
 
