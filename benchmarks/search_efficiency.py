@@ -121,6 +121,7 @@ class Variant:
     residual_length: float = 1.0  # the residual field's correlation length, log2 steps
     category_distance: float = CATEGORY_DISTANCE  # and a differing category, in lengths
     settle: float | None = None  # end once nothing untried is this many spreads above best
+    n_seeds: int | None = None  # one per (tp, pp) pair first; None: searched dimensions + 1
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -134,6 +135,7 @@ class Variant:
             patience=self.patience,
             acquisition=self.acquisition,
             settle=self.settle,
+            n_seeds=self.n_seeds,
         )
         prior = (self.residual_length, self.category_distance)
         if self.residual and prior != (1.0, CATEGORY_DISTANCE):  # the default's field otherwise
@@ -170,7 +172,9 @@ VARIANTS = (
     Variant("residual-length-2", residual_length=2.0),  # the field's correlation, longer
     Variant("residual-category-1", category_distance=1.0),  # categories nearer
     Variant("residual-2-category-1", residual_length=2.0, category_distance=1.0),
-    Variant("settle-2", settle=2.0),  # ends once nothing untried could beat the best
+    Variant("settle-2", settle=2.0),
+    Variant("seeds-3", n_seeds=3),
+    Variant("seeds-9", n_seeds=9),  # ends once nothing untried could beat the best
 )
 
 
