@@ -45,7 +45,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from truths import MEMORY, REPLAY_DIR, TRUTHS, PublishedSweep, Truth, TruthBackend
+from truths import MEMORY, REPLAY_DIR, TRUTHS, PublishedSweep, RandomField, Truth, TruthBackend
 
 from parsearch.campaign.api import run_campaign
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
@@ -53,7 +53,7 @@ from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.optimizer import CBOSettings
-from parsearch.search.residual import CATEGORY_DISTANCE, ResidualField
+from parsearch.search.residual import CATEGORY_DISTANCE, NUMERIC, ResidualField
 from parsearch.search.strategy import (
     DEFAULT_CBO,
     GuidedStrategy,
@@ -122,6 +122,7 @@ class Variant:
     category_distance: float = CATEGORY_DISTANCE  # and a differing category, in lengths
     settle: float | None = None  # end once nothing untried is this many spreads above best
     n_seeds: int | None = None  # one per (tp, pp) pair first; None: searched dimensions + 1
+    field_kernel: bool = False  # the residual field with the random-field truth's own kernel
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -144,11 +145,31 @@ class Variant:
                 length=self.residual_length,
                 category_distance=self.category_distance,
             )
+        if self.field_kernel:
+            strategy.residual.features = field_kernel_coordinates(space, seed, strategy)
         if not self.calibrated:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
         elif not self.local_memory:
             strategy.estimate = GlobalMemoryEstimate(space, strategy.estimate.items)
         return strategy
+
+
+def field_kernel_coordinates(space: SearchSpace, seed: int, strategy: GuidedStrategy) -> np.ndarray:
+    """The residual field's coordinates under which its kernel is the random-field truth's
+    own (:class:`truths.RandomField`: each searched dimension's value index over the
+    correlation length drawn for it), for ``--truths field`` only: a strategy that knew how
+    the truth was drawn. Numeric columns come first in the field's features (at most
+    :data:`~parsearch.search.residual.NUMERIC`, the rest equal, so no category term)."""
+    truth = RandomField(space, seed)
+    if len(truth.names) > NUMERIC:
+        raise ValueError(f"field-kernel: {space.name} searches more than {NUMERIC} dimensions")
+    coordinates = np.zeros_like(strategy.residual.features)
+    for column, name in enumerate(truth.names):
+        index = truth.index[name]
+        coordinates[:, column] = [
+            index[getattr(c.layout, name)] / truth.lengths[column] for c in strategy.estimate.items
+        ]
+    return coordinates
 
 
 VARIANTS = (
@@ -172,9 +193,11 @@ VARIANTS = (
     Variant("residual-length-2", residual_length=2.0),  # the field's correlation, longer
     Variant("residual-category-1", category_distance=1.0),  # categories nearer
     Variant("residual-2-category-1", residual_length=2.0, category_distance=1.0),
-    Variant("settle-2", settle=2.0),
+    Variant("settle-2", settle=2.0),  # ends once nothing untried could beat the best
     Variant("seeds-3", n_seeds=3),
-    Variant("seeds-9", n_seeds=9),  # ends once nothing untried could beat the best
+    Variant("seeds-9", n_seeds=9),
+    # A bound, not a strategy: what the best residual prior could give on the field truth.
+    Variant("field-kernel", field_kernel=True),
 )
 
 

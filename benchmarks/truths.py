@@ -158,6 +158,7 @@ class RandomField(Truth):
     def _draw(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
         lengths = rng.uniform(1.0, 2.0, size=len(self.names))
+        self.lengths = lengths
         self._omega = rng.normal(size=(self.FEATURES, len(self.names))) / lengths
         self._phase = rng.uniform(0, 2 * np.pi, size=self.FEATURES)
 
