@@ -54,6 +54,8 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+from scipy.optimize import linprog
 from truths import REPLAY_DIR, PublishedSweep
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
@@ -325,24 +327,47 @@ def report_memory(settings: EstimateSettings) -> dict[str, float]:
     }
 
 
+def separating_margin(parts: np.ndarray, oom: np.ndarray) -> float:
+    """How well any memory model ``w · parts`` (``w >= 0``, one weight per column of
+    ``parts``) tells the runs that ran out of memory from those that ran: the largest ``m``
+    with ``w · x <= 1 - m`` for every run that fit and ``>= 1 + m`` for every one that did
+    not, a fraction of the wall (a linear programme). Negative: no weighting separates
+    them, and ``-m`` is how far the best one misses."""
+    rows = np.where(oom[:, None], -parts, parts)
+    bounds = np.where(oom, -1.0, 1.0)
+    # Variables (w, m); maximise m: minimise -m.
+    result = linprog(
+        c=np.r_[np.zeros(parts.shape[1]), -1.0],
+        A_ub=np.c_[rows, np.ones(len(rows))],
+        b_ub=bounds,
+        bounds=[(0, None)] * parts.shape[1] + [(None, 1.0)],
+    )
+    if not result.success:
+        raise RuntimeError(f"separating_margin: {result.message}")
+    return float(result.x[-1])
+
+
 def report_sweeps() -> dict[str, dict[str, float]]:
-    """The estimate against each published sweep: throughput of the runs that fit, and
-    which runs it expects to fit."""
+    """The estimate against each published sweep: throughput of the runs that fit, which
+    runs it expects to fit, and whether any re-weighting of its memory parts could tell
+    them apart (:func:`separating_margin`, fitted to the whole sweep at once)."""
     print("\n### hagemann2023 (tokens/s of the runs that fit; memory as fit / out of memory)\n")
     print(
         "| sweep | runs ok / oom | ratio range | pairwise | Spearman | same best "
-        "| ran, predicted OOM | OOM, predicted to fit |"
+        "| ran, predicted OOM | OOM, predicted to fit | margin: total / state, activations |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     summaries = {}
     for path in sorted(REPLAY_DIR.glob("*.yaml")):
         space = load_space(path)
         truth = PublishedSweep(space, 0)
         plan = space.plan()
         predicted, measured, wrong_oom, wrong_fit, ooms = [], [], 0, 0, 0
+        parts, labels = [], []
         for layout, prediction in plan.feasible + plan.predicted_oom:
             result = truth.measure(layout)
-            fits = prediction.memory.total <= space.memory_limit_bytes
+            memory = prediction.memory
+            fits = memory.total <= space.memory_limit_bytes
             if result.status is TrialState.OK:
                 predicted.append(prediction.tokens_per_s)
                 measured.append(result.metrics["tokens_per_s"])
@@ -350,13 +375,24 @@ def report_sweeps() -> dict[str, dict[str, float]]:
             elif result.status is TrialState.OOM:
                 ooms += 1
                 wrong_fit += fits
+            if result.status in (TrialState.OK, TrialState.OOM):
+                state = memory.weights + memory.grads + memory.optimizer
+                parts.append((state, memory.total - state))
+                labels.append(result.status is TrialState.OOM)
         summary = agreement(predicted, measured)
         summaries[f"hagemann2023 {space.name}"] = summary
+        split = np.array(parts) / space.memory_limit_bytes
+        oom = np.array(labels)
+        margins = (
+            separating_margin(split.sum(axis=1, keepdims=True), oom),
+            separating_margin(split, oom),
+        )
         print(
             f"| {space.name} | {len(measured)} / {ooms} | {summary['ratio_min']:.2f}–"
             f"{summary['ratio_max']:.2f} | {summary['pairwise']:.0%} | "
             f"{summary['spearman']:.2f} | {'yes' if summary['same_best'] else 'no'} "
-            f"| {wrong_oom} of {len(measured)} | {wrong_fit} of {ooms} |"
+            f"| {wrong_oom} of {len(measured)} | {wrong_fit} of {ooms} "
+            f"| {margins[0]:+.3f} / {margins[1]:+.3f} |"
         )
     return summaries
 

@@ -11,6 +11,7 @@ import csv
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import parsearch
@@ -132,3 +133,20 @@ def test_the_default_strategy_finds_the_sweeps_best_layout_in_a_real_campaign(tm
         assert trial.state is truth.measure(trial.layout).status
     ok = [t for t in trials if t.state is TrialState.OK]
     assert max(ok, key=lambda t: t.metrics["tokens_per_s"]).layout.key() == best.key()
+
+
+def test_the_separating_margin_says_whether_any_weighting_of_the_parts_tells_oom_apart():
+    from estimate_fidelity import separating_margin
+
+    # Ran at (state, activations) = (0.3, 0.3) and (0.6, 0.1); out of memory at (0.2, 0.9).
+    parts = np.array([[0.3, 0.3], [0.6, 0.1], [0.2, 0.9]])
+    oom = np.array([False, False, True])
+    assert separating_margin(parts, oom) > 0.2  # activations weighed up separate them
+    # Summed, the out-of-memory run (1.1) is above both (0.6, 0.7): one scale separates too.
+    assert separating_margin(parts.sum(axis=1, keepdims=True), oom) > 0
+    # An out-of-memory run that needs less of every part than one that ran: no weighting.
+    parts = np.array([[0.5, 0.5], [0.4, 0.4]])
+    margin = separating_margin(parts, np.array([False, True]))
+    assert margin < 0
+    # The best weighting misses by the gap, in units of the wall.
+    assert margin == pytest.approx(-1 / 9, abs=1e-6)
