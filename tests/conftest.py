@@ -18,7 +18,14 @@ files' order.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+
 import pytest
+from process_census import SHM, orphaned_segments
+
+_STARTED = pytest.StashKey[float]()
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -42,3 +49,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# mpich keeps its shared-memory segments in /dev/shm and unlinks them at MPI_Finalize; the
+# MPI tests that kill workers or the driver on purpose leave theirs behind (1 MB each, a few
+# per run). On a long-lived runner with a small /dev/shm (Docker's default is 64 MB) they
+# would fill it after a few dozen runs, so the controller removes, when the run ends, those
+# created during it that no process still maps. A segment is attached by name, so one that
+# is mapped (an MPI job outside the suite, or starting) is never touched.
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput") or not os.path.isdir(SHM):
+        return
+    started = session.config.stash.get(_STARTED, time.time())
+    for path in orphaned_segments(started):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

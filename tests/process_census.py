@@ -1,10 +1,15 @@
 """Which processes a test's trial left alive, read from /proc (the tests' kill -9 and
-clean-up checks count real processes, not what the code under test says it started)."""
+clean-up checks count real processes, not what the code under test says it started), and
+which shared-memory segments no process maps any more."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+SHM = "/dev/shm"
+SEGMENT_PREFIX = "mpich_shm_"
 
 
 def _state(entry: Path) -> str | None:
@@ -36,3 +41,26 @@ def survivors(marker: Path, zombies: bool = False) -> list[int]:
         if str(marker).encode() in cmdline and state is not None and (zombies or state != "Z"):
             found.append(int(entry.name))
     return found
+
+
+def orphaned_segments(since: float) -> list[str]:
+    """mpich segments in /dev/shm modified since ``since`` that no process maps. mpich
+    makes them readable by their owner only, whose processes' mappings this user reads; a
+    process whose mappings it cannot read (another user's, a container's init) is not one
+    that could map them."""
+    candidates = []
+    for name in os.listdir(SHM):
+        path = os.path.join(SHM, name)
+        with contextlib.suppress(OSError):
+            if name.startswith(SEGMENT_PREFIX) and os.stat(path).st_mtime >= since:
+                candidates.append(path)
+    if not candidates:
+        return []
+    mapped: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps if SHM in line)
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+    return [path for path in candidates if path not in mapped]
