@@ -347,23 +347,37 @@ def separating_margin(parts: np.ndarray, oom: np.ndarray) -> float:
     return float(result.x[-1])
 
 
+def dominance_verdicts(parts: np.ndarray, oom: np.ndarray, fits: np.ndarray) -> tuple[int, int]:
+    """What the order of the parts alone says, with no weights: a run that needs at least
+    as much of every part as one that ran out of memory would run out too, if memory grows
+    with each part. Returns how many out-of-memory runs the estimate expected to fit that
+    order catches (from another out-of-memory run), and how many runs that *ran* it would
+    wrongly rule out."""
+    above = np.all(parts[:, None, :] >= parts[None, :, :], axis=2)  # [y, x]: y >= x in all
+    np.fill_diagonal(above, False)
+    implied = (above & oom[None, :]).any(axis=1)
+    return int((implied & oom & fits).sum()), int((implied & ~oom).sum())
+
+
 def report_sweeps() -> dict[str, dict[str, float]]:
     """The estimate against each published sweep: throughput of the runs that fit, which
     runs it expects to fit, and whether any re-weighting of its memory parts could tell
-    them apart (:func:`separating_margin`, fitted to the whole sweep at once)."""
+    them apart (:func:`separating_margin`, fitted to the whole sweep at once), and what the
+    parts' order alone rules out (:func:`dominance_verdicts`)."""
     print("\n### hagemann2023 (tokens/s of the runs that fit; memory as fit / out of memory)\n")
     print(
         "| sweep | runs ok / oom | ratio range | pairwise | Spearman | same best "
-        "| ran, predicted OOM | OOM, predicted to fit | margin: total / state, activations |"
+        "| ran, predicted OOM | OOM, predicted to fit | margin: total / state, activations "
+        "| ordered: caught / ran ruled out |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     summaries = {}
     for path in sorted(REPLAY_DIR.glob("*.yaml")):
         space = load_space(path)
         truth = PublishedSweep(space, 0)
         plan = space.plan()
         predicted, measured, wrong_oom, wrong_fit, ooms = [], [], 0, 0, 0
-        parts, labels = [], []
+        parts, labels, expected_fit = [], [], []
         for layout, prediction in plan.feasible + plan.predicted_oom:
             result = truth.measure(layout)
             memory = prediction.memory
@@ -379,6 +393,7 @@ def report_sweeps() -> dict[str, dict[str, float]]:
                 state = memory.weights + memory.grads + memory.optimizer
                 parts.append((state, memory.total - state))
                 labels.append(result.status is TrialState.OOM)
+                expected_fit.append(fits)
         summary = agreement(predicted, measured)
         summaries[f"hagemann2023 {space.name}"] = summary
         split = np.array(parts) / space.memory_limit_bytes
@@ -387,12 +402,13 @@ def report_sweeps() -> dict[str, dict[str, float]]:
             separating_margin(split.sum(axis=1, keepdims=True), oom),
             separating_margin(split, oom),
         )
+        caught, ruled_out = dominance_verdicts(split, oom, np.array(expected_fit))
         print(
             f"| {space.name} | {len(measured)} / {ooms} | {summary['ratio_min']:.2f}–"
             f"{summary['ratio_max']:.2f} | {summary['pairwise']:.0%} | "
             f"{summary['spearman']:.2f} | {'yes' if summary['same_best'] else 'no'} "
             f"| {wrong_oom} of {len(measured)} | {wrong_fit} of {ooms} "
-            f"| {margins[0]:+.3f} / {margins[1]:+.3f} |"
+            f"| {margins[0]:+.3f} / {margins[1]:+.3f} | {caught} of {wrong_fit} / {ruled_out} |"
         )
     return summaries
 

@@ -150,3 +150,17 @@ def test_the_separating_margin_says_whether_any_weighting_of_the_parts_tells_oom
     assert margin < 0
     # The best weighting misses by the gap, in units of the wall.
     assert margin == pytest.approx(-1 / 9, abs=1e-6)
+
+
+def test_the_parts_order_rules_out_what_needs_more_of_every_part_than_an_oom_run():
+    from estimate_fidelity import dominance_verdicts
+
+    # (state, activations): out of memory at (0.5, 0.5); (0.6, 0.5) ran out too and was
+    # expected to fit, (0.4, 0.9) ran out but needs less state: not implied by the order;
+    # (0.5, 0.6) ran although it needs more of both: the order would wrongly rule it out.
+    parts = np.array([[0.5, 0.5], [0.6, 0.5], [0.4, 0.9], [0.5, 0.6], [0.3, 0.3]])
+    oom = np.array([True, True, True, False, False])
+    fits = np.array([False, True, True, True, True])
+    assert dominance_verdicts(parts, oom, fits) == (1, 1)
+    # Nothing out of memory: nothing ruled out.
+    assert dominance_verdicts(parts, np.zeros(5, dtype=bool), fits) == (0, 0)
