@@ -3,20 +3,18 @@ the random-field truth's own kernel, the bound its README reports. Its coordinat
 two layouts one value apart in a searched dimension exactly that dimension's drawn
 correlation length apart, and layouts that differ in no searched dimension together."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from search_efficiency import field_kernel_coordinates
+from truths import RandomField
 
 from parsearch.search.residual import kernel
 from parsearch.search.strategy import GuidedStrategy
 from parsearch.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from search_efficiency import field_kernel_coordinates  # noqa: E402
-from truths import RandomField  # noqa: E402
 
 
 def test_the_bound_gives_the_residual_field_the_truths_own_kernel():

@@ -8,21 +8,16 @@ what the sweep measured.
 """
 
 import csv
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from truths import REPLAY_CSV, REPLAY_DIR, PublishedSweep, TruthBackend
 
 import parsearch
 from parsearch.config import ParallelLayout
 from parsearch.result import TrialState
 from parsearch.search.strategy import make_strategy
 from parsearch.store import open_store
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from truths import REPLAY_CSV, REPLAY_DIR, PublishedSweep, TruthBackend  # noqa: E402
 
 SWEEPS = sorted(path.stem for path in REPLAY_DIR.glob("*.yaml"))
 # Layouts of a space that the sweep did not run with FlashAttention-2 (the spreadsheets

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import serve_load
 
 from parsearch.cli import main
 from parsearch.commands.serve import GENERATE, is_loopback, resolve_token
@@ -27,8 +28,6 @@ from parsearch.store import open_store
 
 ROOT = Path(__file__).parent.parent
 GPT175 = ROOT / "search_spaces" / "gpt-175b-frontier.yaml"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import serve_load  # noqa: E402  (the benchmark's server and load helpers)
 
 NAME = "live"
 BUDGET = 30
