@@ -17,6 +17,9 @@ command as a small supervisor:
 * on SIGTERM, SIGINT or SIGHUP (the agent's kill, or the parent's death) it passes the
   signal to every descendant, gives them ``GRACE_S`` to exit, SIGKILLs the rest, and exits
   by the same signal;
+* it ignores SIGUSR1, and so does the command it starts (ignoring survives ``exec``): Slurm's
+  warning before the time limit reaches every process of the job step, and it is the
+  driver's cue to drain, not the ranks' to die;
 * when the command ends, it kills whatever the command left behind the same way, then exits
   with the command's status (killed by a signal: by that signal), so the agent sees the
   command's own exit.
@@ -46,6 +49,9 @@ GRACE_S = 0.5  # under the agent's 1 s between SIGTERM and SIGKILL of the rank's
 SIGKILL = 9  # not signal.SIGKILL: importing signal imports enum
 SIGTERM = 15
 STOP_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+# The scheduler's warning before the time limit (SIGUSR1) is for the driver, which drains;
+# srun delivers it to every process of the step, so the guard and its command ignore it.
+SIGUSR1 = 10
 
 
 def guarded(run: NodeRun) -> NodeRun:
@@ -149,6 +155,7 @@ def _supervise(parent: int, command: list[str]) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
+    _signal.signal(SIGUSR1, _signal.SIG_IGN)  # inherited by the command through exec
 
     def stop(signum: int, _frame: object) -> None:
         for sig in STOP_SIGNALS:  # one stop at a time: the clean-up must not be cut short

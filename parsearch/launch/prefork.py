@@ -129,6 +129,10 @@ class ForkServer:
                 return self._exits[pid]
             return KILLED_WITH_SERVER if self.dead else None
 
+    def server_exit(self) -> int | None:
+        """The server's own exit code once it is gone (negative: killed by that signal)."""
+        return self._process.returncode if self.dead else None
+
     def wait(self, pid: int) -> int:
         with self._changed:
             while pid not in self._exits and not self.dead:
@@ -166,6 +170,12 @@ class ForkedRank:
             self._code = self._server.exit_code(self.pid)
         return self._code
 
+    def server_exit(self) -> int | None:
+        """The fork server's exit code when the server died, which took this rank with it."""
+        if self._code != KILLED_WITH_SERVER:
+            return None
+        return self._server.server_exit()
+
     def signal(self, sig: int) -> None:
         """Signal the rank itself: it may not have made its own process group yet."""
         if self.exit_code() is None:
@@ -182,7 +192,12 @@ def serve(preload: list[str]) -> None:
     """The server: import ``preload``, then fork a rank per request until stdin closes.
 
     Requests are read from the file descriptor with ``select`` and our own line buffer (a
-    buffered reader could hold a second request while ``select`` waits for more bytes)."""
+    buffered reader could hold a second request while ``select`` waits for more bytes).
+
+    The scheduler's warning before the time limit (SIGUSR1) is for the driver alone, but
+    ``srun`` delivers it to every process of the step: the server and the ranks it forks
+    ignore it (first, before the imports that take seconds), so a drain lets them finish."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     for module in preload:
         importlib.import_module(module)
     torch = sys.modules.get("torch")  # imported by a preloaded module, or not at all
