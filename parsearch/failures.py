@@ -19,7 +19,8 @@ from parsearch.store import TrialRecord
 FAILURE_STATES = (TrialState.OOM, TrialState.ERROR, TrialState.TIMEOUT, TrialState.INFEASIBLE)
 # "ValueError: ...", "torch.OutOfMemoryError: ...", "RuntimeError", with a launcher's prefix.
 _EXCEPTION = re.compile(r"(?:^|\]:?\s*)((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
-_EXIT_ONLY = re.compile(r"(exited with code|was killed by|did not exit)")
+# An error that ends by saying how a process ended (no recorded error after it).
+_EXIT_ONLY = re.compile(r"(exited with code -?\d+|was killed by [^:]*|did not exit)$")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 REASON_CHARS = 300
 

@@ -52,6 +52,16 @@ from typing import TYPE_CHECKING
 from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
+from parsearch.launch.rank_errors import (
+    ERROR_FILE_VAR,
+    TORCHRUN_LOG_DIR_VAR,
+    RankError,
+    error_file,
+    first_error,
+    node_files,
+    torchrun_log_dir,
+)
+from parsearch.launch.rank_site import SITE_DIR
 from parsearch.result import TrialResult, TrialState
 from parsearch.tempdirs import make_owned
 from parsearch.trial import TrialSpec
@@ -178,6 +188,9 @@ class SpawnedRank:
             return info.si_status
         return -info.si_status
 
+    def server_exit(self) -> None:
+        """No fork server: a spawned rank's end is its own."""
+
     def signal(self, sig: int) -> None:
         """Nothing to add to signalling its process group: it was created in its own."""
 
@@ -235,6 +248,7 @@ class NodeRun:
             tmp = path.with_name(f".{name}.{os.getpid()}.{self.node_rank}.tmp")
             tmp.write_text(text)
             tmp.replace(path)
+        self._clear_error_files()
         make_owned(self.placement.scratch_dir)
         self._start = time.monotonic()
         try:
@@ -258,6 +272,23 @@ class NodeRun:
             else:
                 process = SpawnedRank(self.command, env, log, self.cwd)
             self.ranks.append(_Rank(rank, process.pid, log, process))
+
+    def _clear_error_files(self) -> None:
+        """Remove an earlier attempt's error files of this node, make their folder."""
+        for path in node_files(self.trial_dir, self.global_ranks(), self.node_rank):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        error_file(self.trial_dir, self.node_rank).parent.mkdir(parents=True, exist_ok=True)
+
+    def first_error(self) -> RankError | None:
+        """The first error a process of this node (or a worker of its launcher) recorded
+        itself (:mod:`parsearch.launch.rank_errors`)."""
+        launcher = None
+        if self.plan.per_node:
+            launcher = (self.node_rank, self.node_rank * self.spec.ranks_per_node)
+        return first_error(self.trial_dir, [r.rank for r in self.ranks], launcher)
 
     def _remove_scratch(self) -> None:
         shutil.rmtree(self.placement.scratch_dir, ignore_errors=True)
@@ -296,9 +327,18 @@ class NodeRun:
             MASTER_ADDR=self.placement.master_addr,
             MASTER_PORT=str(self.placement.master_port),
         )
-        # Make the rank's source importable when it runs from the trial directory.
+        # Torch's error file, where the process (a launcher: torchrun's copy of its first
+        # failed worker's) records an uncaught exception; torchrun's own per-worker files.
+        if ERROR_FILE_VAR not in self.plan.env:
+            env[ERROR_FILE_VAR] = str(error_file(self.trial_dir, rank))
+        if self.plan.per_node and TORCHRUN_LOG_DIR_VAR not in self.plan.env:
+            env[TORCHRUN_LOG_DIR_VAR] = str(torchrun_log_dir(self.trial_dir, self.node_rank))
+        # Make the rank's source importable when it runs from the trial directory, and
+        # every uncaught exception recorded in the error file (rank_site's sitecustomize).
         package_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(SITE_DIR), package_root, env.get("PYTHONPATH")])
+        )
         if self.plan.bind_devices:
             var = visible_devices_var()
             visible = env.get(var)
@@ -403,11 +443,12 @@ class NodeRun:
             )
         if failed:
             worst = self._culprit(failed, tails)
-            return TrialResult(
-                status=TrialState.ERROR,
-                error=f"rank {worst.rank} {_describe_exit(worst.exit_code)}",
-                log_tail=tails[worst.rank],
-            )
+            error = f"rank {worst.rank} {_describe_rank_exit(worst)}"
+            recorded = self.first_error()
+            if recorded is not None:
+                named = self.plan.per_node or recorded.rank != worst.rank
+                error = f"{error}: {recorded.describe(with_rank=named)}"
+            return TrialResult(status=TrialState.ERROR, error=error, log_tail=tails[worst.rank])
         return self._success()
 
     def _culprit(self, failed: list[_Rank], tails: dict[int, str]) -> _Rank:
@@ -422,6 +463,15 @@ class NodeRun:
         """Every rank exited 0 (the plan's conclusion reads what they left behind)."""
         tail = read_tail(self.ranks[0].log, OK_TAIL_BYTES)
         return TrialResult(status=TrialState.OK, log_tail=tail)
+
+
+def _describe_rank_exit(rank: _Rank) -> str:
+    """How a rank ended; a forked rank killed because its fork server died says so (its
+    SIGKILL is the server's death, not the OOM killer)."""
+    server_exit = rank.process.server_exit()
+    if server_exit is not None:
+        return f"was killed with its fork server, which {_describe_exit(server_exit)}"
+    return _describe_exit(rank.exit_code)
 
 
 def _describe_exit(code: int | None) -> str:

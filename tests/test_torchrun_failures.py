@@ -1,0 +1,109 @@
+"""A program started by torchrun fails with its rank's own error, not torchrun's
+``ChildFailedError``: torch's error files (``TORCHELASTIC_ERROR_FILE``, torchrun's
+``--log-dir`` through ``PET_LOG_DIR``) written for scripts without ``@record`` too
+(parsearch.launch.rank_site), read by parsearch.launch.rank_errors.
+
+Real torchrun, two CPU workers over gloo-free scripts (they fail before any collective)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.failures import failure_reason
+from parsearch.launch.placement import NodePlacement
+from parsearch.launch.process import free_port
+from parsearch.result import TrialState
+from parsearch.trainers.command.trainer import run_node, validate_section
+from parsearch.trial import TrialSpec
+
+# nanoGPT's style: module-level code, no main() to decorate with torch's @record.
+SCRIPT = """
+import os
+rank = int(os.environ["RANK"])
+if rank == 1:
+    {failure}
+import time
+time.sleep(30)  # rank 0 waits, as it would in a collective, until torchrun stops it
+"""
+FAILURES = {
+    "runtime": ('raise RuntimeError(f"shapes do not match on rank {rank}")',
+                "rank 1: RuntimeError: shapes do not match on rank 1"),
+    "assertion": ("assert rank == 0, 'batch not divisible'",
+                  "rank 1: AssertionError: batch not divisible"),
+}  # fmt: skip
+
+
+def torchrun_spec(script: str, tmp_path: Path, launch: str = "per_node") -> TrialSpec:
+    trainer = validate_section(
+        {
+            "kind": "command",
+            "launch": launch,
+            "command": [
+                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                "{nproc_per_node}", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
+                "--master-addr", "{master_addr}", "--master-port", "{master_port}", script,
+            ],
+            "parser": "json",
+            "steps": 3,
+            "warmup_steps": 1,
+        },
+        "test",
+    )  # fmt: skip
+    model = ModelSpec(num_layers=2, hidden_size=32, num_heads=2, vocab_size=64, seq_length=16)
+    allocation = AllocationSpec(
+        nodes=1, devices_per_node=2, device_memory_bytes=1 << 30, peak_flops_per_device=1e12,
+        device="cpu",
+    )  # fmt: skip
+    layout = ParallelLayout(tp=1, pp=1, dp=2, mbs=1, gas=1)
+    return TrialSpec("t1", model, layout, allocation, trainer=trainer, timeout_s=120.0)
+
+
+def run(spec: TrialSpec, trial_dir: Path):
+    port = free_port("127.0.0.1")
+    return run_node(NodePlacement(spec, 0, 1, "127.0.0.1", port, trial_dir))
+
+
+@pytest.mark.parametrize("kind", sorted(FAILURES))
+def test_the_failed_workers_own_exception_is_the_reason(kind, tmp_path):
+    code, expected = FAILURES[kind]
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(failure=code))
+    result = run(torchrun_spec(str(script), tmp_path), tmp_path / "trial")
+    assert result.status is TrialState.ERROR
+    assert result.error.startswith("node 0 exited with code 1: "), result.error
+    assert expected in result.error
+    assert "ChildFailedError" not in result.error
+    reason = failure_reason(result.error, result.log_tail)  # what status and report show
+    assert expected in reason and "ChildFailedError" not in reason
+
+
+def test_a_script_torchrun_cannot_open_is_named(tmp_path):
+    missing = tmp_path / "nanogpt" / "train.py"
+    result = run(torchrun_spec(str(missing), tmp_path), tmp_path / "trial")
+    assert result.status is TrialState.ERROR
+    assert f"can't open file {str(missing)!r}" in result.error, result.error
+    assert "ChildFailedError" not in result.error
+
+
+def test_a_rank_started_by_parsearch_records_its_own_error(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(failure=FAILURES["runtime"][0]))
+    spec = torchrun_spec(str(script), tmp_path)
+    spec.trainer = validate_section(
+        {**spec.trainer, "launch": "per_rank", "command": [sys.executable, str(script)]}, "test"
+    )
+    result = run(spec, tmp_path / "trial")
+    assert result.error == (
+        "rank 1 exited with code 1: RuntimeError: shapes do not match on rank 1"
+    ), result.error
+
+
+def test_a_recorded_error_is_not_followed_by_the_launchers_exception():
+    tail = "RuntimeError: boom\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+    error = "node 0 exited with code 1: rank 1: RuntimeError: boom"
+    assert failure_reason(error, tail) == error
+    assert failure_reason("rank 0 exited with code 1", tail).endswith("ChildFailedError:")
