@@ -253,3 +253,41 @@ def test_oom_lines_recognised():
 def test_memory_reports_are_not_oom(name):
     with (LOGS / name).open() as lines:
         assert first_oom_line(lines) is None
+
+
+def test_regex_glued_records_of_two_ranks_keep_the_larger_peak_and_both_steps():
+    # torchrun's unbuffered workers: rank 1's record lands before rank 0's newline.
+    options = {
+        "patterns": {
+            "step_time_s": r"step_time=([0-9.]+)",
+            "peak_mem_bytes": r"peak ([0-9.]+) MiB",
+        },
+        "scale": {"peak_mem_bytes": MIB},
+    }
+    lines = ["step_time=0.5 peak 100 MiBstep_time=0.7 peak 900 MiB"]
+    result = parse_lines(lines, make_parser("regex", **options))
+    assert result.peak_mem_bytes == 900 * MIB
+    assert [step.step_time_s for step in result.steps] == [0.5, 0.7]
+
+
+def test_a_reported_world_size_or_global_batch_unlike_the_layout_is_refused():
+    options = {
+        "patterns": {
+            "step_time_s": r"time ([0-9.]+)",
+            "world_size": {"pattern": r"world size (\d+)", "role": "summary"},
+            "global_batch": r"global batch (\d+)",
+        }
+    }
+    layout = spec(dp=2, mbs=2, gas=4)  # world size 2, global batch 16
+    good = ["world size 2", "global batch 16 time 0.5", "global batch 16 time 0.4"]
+    metrics = summarize(parse_lines(good, make_parser("regex", **options)), layout, 0)
+    assert metrics["step_time_s"] == pytest.approx(0.45)
+    doubled = ["world size 2", "global batch 32 time 0.5"]  # gas where gas*dp was meant
+    with pytest.raises(NoMeasurement, match=r"global batch size 32 but the layout .* 16"):
+        summarize(parse_lines(doubled, make_parser("regex", **options)), layout, 0)
+    one_process = ["world size 1", "global batch 16 time 0.5"]  # accelerate launch --cpu
+    with pytest.raises(NoMeasurement, match=r"world size 1 but the layout .* world size 2"):
+        summarize(parse_lines(one_process, make_parser("regex", **options)), layout, 0)
+    json_lines = ['{"world_size": 1}', '{"tokens_per_s": 100.0}']
+    with pytest.raises(NoMeasurement, match="world size 1"):
+        summarize(parse_lines(json_lines, make_parser("json")), layout, 0)

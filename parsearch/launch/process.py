@@ -35,6 +35,7 @@ machine.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import re
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from parsearch.launch.memory import maxrss_bytes, peak_rss
 from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
@@ -78,6 +80,10 @@ COLLATERAL_MARKERS = (
     "communicator was aborted",
     "collective operation timeout",
 )
+# The agent's own measure of a node's peak memory per process (parsearch.launch.memory), in a
+# result's metrics; sampled at most this often while the ranks run.
+MEASURED_RSS = "measured_peak_rss_bytes"
+MEMORY_SAMPLE_S = 0.25
 TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
 OK_TAIL_BYTES = 4 * 1024
@@ -174,6 +180,7 @@ class SpawnedRank:
                 start_new_session=True,
             )
         self.pid = self._popen.pid
+        self.maxrss_bytes = 0  # wait4's peak of it and its waited descendants, once reaped
 
     def exit_code(self) -> int | None:
         """The exit code (negative: killed by that signal) of the ended rank, without
@@ -195,7 +202,15 @@ class SpawnedRank:
         """Nothing to add to signalling its process group: it was created in its own."""
 
     def reap(self) -> int:
-        return self._popen.wait()
+        """Wait for it (``wait4``: its peak resident set, see :mod:`parsearch.launch.memory`)."""
+        if self._popen.returncode is None:
+            try:
+                _, status, usage = os.wait4(self.pid, 0)
+            except ChildProcessError:
+                return self._popen.wait()
+            self._popen.returncode = os.waitstatus_to_exitcode(status)
+            self.maxrss_bytes = maxrss_bytes(usage.ru_maxrss)
+        return self._popen.returncode
 
 
 @dataclass
@@ -205,6 +220,7 @@ class _Rank:
     log: Path
     process: SpawnedRank | ForkedRank
     exit_code: int | None = None
+    peak_rss_bytes: int = 0  # measured: the largest process of its tree (launcher: workers)
 
 
 class NodeRun:
@@ -225,6 +241,7 @@ class NodeRun:
         self.result: TrialResult | None = None
         self._start = 0.0
         self._first_failure: tuple[float, int] | None = None
+        self._sampled_at = -math.inf
 
     def global_ranks(self) -> range:
         """The ranks of this node's processes (one process per node: the node's rank)."""
@@ -357,6 +374,9 @@ class NodeRun:
         if self.result is not None:
             return self.result
         now = time.monotonic()
+        if now - self._sampled_at >= MEMORY_SAMPLE_S:
+            self._sample_memory()
+            self._sampled_at = now
         for rank in self.ranks:
             if rank.exit_code is None:
                 rank.exit_code = rank.process.exit_code()
@@ -388,16 +408,27 @@ class NodeRun:
             if self.result is None:
                 self.kill()
 
+    def _sample_memory(self) -> None:
+        """Each rank's peak resident set so far (its process and every descendant)."""
+        for rank in self.ranks:
+            rank.peak_rss_bytes = max(rank.peak_rss_bytes, peak_rss([rank.pid]))
+
     def _finish(self, forced: TrialState | None) -> TrialResult:
         """Kill whatever is left, reap every rank, and build the result."""
         still_running = {r.rank for r in self.ranks if r.exit_code is None}
+        self._sample_memory()
         self._kill_groups()
         for rank in self.ranks:
             code = rank.process.reap()
             if rank.exit_code is None:
                 rank.exit_code = code
+            reaped = getattr(rank.process, "maxrss_bytes", 0)
+            rank.peak_rss_bytes = max(rank.peak_rss_bytes, reaped)
         self._remove_scratch()
         result = self._classify(forced, still_running)
+        measured = max((rank.peak_rss_bytes for rank in self.ranks), default=0)
+        if measured:
+            result.metrics[MEASURED_RSS] = measured
         if self.plan.conclusion is not None:
             result = self.plan.conclusion.conclude(self, result)
         self.result = result

@@ -43,6 +43,7 @@ def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, An
 
     A trainer's own summary decides the throughput when it has a timing figure (its own
     warm-up handling applies, not ``warmup_steps``); step lines then add the last loss."""
+    check_launch(scan, spec)
     if scan.summary is not None and any(key in scan.summary for key in _TIMING_KEYS):
         metrics = _from_summary(scan.summary, spec)
         losses = [step.loss for step in scan.steps if step.loss is not None]
@@ -57,6 +58,24 @@ def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, An
         metrics["peak_reserved_bytes"] = reserved
         metrics.setdefault("peak_mem_bytes", reserved)
     return metrics
+
+
+def check_launch(scan: LogScan, spec: TrialSpec) -> None:
+    """Raise :class:`NoMeasurement` when the program reports a world size or global batch
+    that is not the layout's: it did not run the layout the trial stands for (a template
+    that passes ``gas`` where the program wants ``gas*dp``; a launcher that ran fewer
+    processes), so its figures must not be stored as that layout's."""
+    layout = spec.layout
+    expected = {"world_size": layout.world_size, "global_batch": layout.global_batch}
+    words = {"world_size": "world size", "global_batch": "global batch size"}
+    for name, values in scan.launch.items():
+        wrong = sorted(value for value in values if value != expected[name])
+        if wrong:
+            raise NoMeasurement(
+                f"the program reports {words[name]} {wrong[0]:g} but the layout "
+                f"{layout.short()} has {words[name]} {expected[name]}: the command template "
+                "or launcher does not give the program the layout's values"
+            )
 
 
 def _tokens_per_step(spec: TrialSpec) -> int:

@@ -68,6 +68,12 @@ class LogScan:
     peak_mem_bytes: float | None = None
     peak_reserved_bytes: float | None = None
     summary: dict[str, Any] | None = None
+    # What the program says it was launched as: "world_size", "global_batch" -> values seen.
+    launch: dict[str, set[float]] = field(default_factory=dict)
+
+    def add_launch(self, name: str, value: float) -> None:
+        """Record a reported world size or global batch (checked against the layout)."""
+        self.launch.setdefault(name, set()).add(value)
 
     def add_memory(self, allocated: float | None = None, reserved: float | None = None) -> None:
         """Keep the largest peak seen (a log may report several ranks and several times)."""

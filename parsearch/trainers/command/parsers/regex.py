@@ -12,9 +12,17 @@ is the number, or to ``{pattern: ..., role: step | summary}``:
   trainer excludes it. A summary timing metric, when present, decides the throughput; step
   lines then only add what the summary lacks (the loss).
 
-``peak_mem_bytes`` keeps its largest match whatever its role. Rates may be given per token
-(``tokens_per_s``, ``tokens_per_s_per_device``), per sample (``samples_per_s``: sequences of
-``seq_length`` tokens) or per step (``steps_per_s``); times as ``step_time_s``.
+``peak_mem_bytes`` keeps its largest match whatever its role. Every match on a line counts
+(ranks sharing a log glue their lines together), each step match as its own step.
+
+Rates may be given per token (``tokens_per_s``, ``tokens_per_s_per_device``), per sample
+(``samples_per_s``: sequences of ``seq_length`` tokens) or per step (``steps_per_s``); times
+as ``step_time_s``.
+
+``world_size`` and ``global_batch`` (samples per optimizer step) are what the program says it
+was launched as; they are checked against the trial's layout, whatever their role: a
+template that passes ``gas`` where the program expects ``gas*dp``, or a launcher that starts
+one process for a layout of two, is an error naming both (:func:`~..summary.check_launch`).
 
 ``scale`` optionally multiplies a metric: a number (``step_time_s: 0.001`` for milliseconds)
 or a product or quotient of numbers and placeholders (``"{seq_length}"``,
@@ -42,7 +50,8 @@ STEP_METRICS = (
     "mfu",
     "loss",
 )
-REGEX_METRICS = (*STEP_METRICS, "peak_mem_bytes")
+LAUNCH_METRICS = ("world_size", "global_batch")
+REGEX_METRICS = (*STEP_METRICS, "peak_mem_bytes", *LAUNCH_METRICS)
 ROLES = ("step", "summary")
 _STEP_FIELDS = {
     "tflops_per_device": "reported_tflops_per_device",
@@ -148,24 +157,31 @@ class RegexParser:
         self.counts = dict.fromkeys(self.patterns, 0)
 
     def feed(self, line: str, scan: LogScan) -> None:
+        """Every match on the line counts, not only the first: ranks that share one log
+        (torchrun's unbuffered workers) glue their records into one line, and a line with
+        two ranks' peaks must keep the larger (:func:`~.base.records`)."""
         for metric, pattern in self.patterns.items():
-            match = pattern.regex.search(line)
-            if match is None:
-                continue
-            regex = pattern.regex
-            group = match.group("value") if "value" in regex.groupindex else match.group(1)
-            value = leading_number(group or "")
-            if value is None:
-                continue
-            value *= self.scale.get(metric, 1.0)
-            if metric == "peak_mem_bytes":
-                scan.add_memory(allocated=value)
-                continue
-            if pattern.role == "summary":
-                scan.summary = {**(scan.summary or {}), metric: value}
-                continue
-            position = self.counts[metric]
-            self.counts[metric] += 1
-            while len(scan.steps) <= position:
-                scan.steps.append(Step(index=len(scan.steps) + 1))
-            setattr(scan.steps[position], _STEP_FIELDS.get(metric, metric), value)
+            for match in pattern.regex.finditer(line):
+                self._take(metric, pattern, match, scan)
+
+    def _take(self, metric: str, pattern: Pattern, match: re.Match[str], scan: LogScan) -> None:
+        regex = pattern.regex
+        group = match.group("value") if "value" in regex.groupindex else match.group(1)
+        value = leading_number(group or "")
+        if value is None:
+            return
+        value *= self.scale.get(metric, 1.0)
+        if metric == "peak_mem_bytes":
+            scan.add_memory(allocated=value)
+            return
+        if metric in LAUNCH_METRICS:
+            scan.add_launch(metric, value)
+            return
+        if pattern.role == "summary":
+            scan.summary = {**(scan.summary or {}), metric: value}
+            return
+        position = self.counts[metric]
+        self.counts[metric] += 1
+        while len(scan.steps) <= position:
+            scan.steps.append(Step(index=len(scan.steps) + 1))
+        setattr(scan.steps[position], _STEP_FIELDS.get(metric, metric), value)

@@ -1,0 +1,76 @@
+"""Peak memory of a trial's processes, measured by the node agent rather than taken from logs.
+
+A program's log says how much memory it used only if someone added a print; a ``memory_cap``
+that relies on it caps nothing for the others, and a log can be misread. The agent started
+every process of the trial, so it measures them itself (Linux; psutil not needed):
+
+* while they run, each process's high-water resident set (``VmHWM`` in
+  ``/proc/<pid>/status``, which the kernel keeps, so sampling only has to happen before a
+  process ends) for the process it started and every descendant (a launcher's workers);
+* when it reaps the process it started, ``wait4``'s ``ru_maxrss``: the largest peak among
+  that process and every descendant it (or the guard, their subreaper) waited for, so a
+  worker that grew and ended between two samples is still counted.
+
+The figure is per process: the largest rank's peak resident set, which is what a rank of a
+CPU trial uses (a device's memory is not in it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+KIB = 1024
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live process below it (via /proc; empty off Linux)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()  # after the command name: state, ppid
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found = [root]
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def high_water_rss(pid: int) -> int:
+    """A process's peak resident set in bytes so far (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * KIB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def peak_rss(roots: Iterable[int]) -> int:
+    """The largest peak resident set among ``roots`` and their descendants, in bytes."""
+    peak = 0
+    for root in roots:
+        for pid in process_tree(root):
+            peak = max(peak, high_water_rss(pid))
+    return peak
+
+
+def maxrss_bytes(ru_maxrss: int) -> int:
+    """``ru_maxrss`` in bytes (Linux reports kibibytes)."""
+    return int(ru_maxrss) * KIB
