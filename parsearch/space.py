@@ -9,6 +9,7 @@ valid, so a typo never silently becomes a default.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import itertools
@@ -28,10 +29,12 @@ from parsearch.config import (
 )
 from parsearch.errors import LayoutError, SpaceError
 from parsearch.estimate import EstimateSettings, Prediction, predict
+from parsearch.estimate.machine import MachineProfile
 from parsearch.estimate.memory import FRAMEWORKS
+from parsearch.estimate.profile import check_profile, with_machine
 from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
 from parsearch.inputs import name_problem
-from parsearch.probe.profile import check_profile, load_profile, with_machine
+from parsearch.profiles import load_profile, resolve
 from parsearch.space_file import read_document
 from parsearch.units import count_of, format_bytes, parse_bytes, parse_rate
 
@@ -341,6 +344,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     estimate = reader.estimate(
         top.get("estimate", {}), trainer_kind=trainer["kind"], allocation=allocation
     )
+    allocation = _profiled_allocation(allocation, estimate.machine)
     exclusions = parse_exclusions(top["exclude"], dimensions, source) if "exclude" in top else ()
     name = top.get("name") or Path(source).stem
     if not isinstance(name, str):
@@ -609,8 +613,11 @@ class _Reader:
             where = f"estimate.{key}"
             if key == "machine":
                 if not isinstance(item, str) or not item:
-                    raise self.error(where, f"must be the path of a machine profile, got {item!r}")
-                machine = load_profile(Path(self.source).parent / item)
+                    raise self.error(
+                        where,
+                        f"must name a shipped machine profile or the path of one, got {item!r}",
+                    )
+                machine = load_profile(resolve(item, Path(self.source).parent))
             elif key == "precision":
                 if item not in ("bf16", "fp16", "fp32"):
                     raise self.error(where, f"must be 'bf16', 'fp16' or 'fp32', got {item!r}")
@@ -637,6 +644,28 @@ class _Reader:
             return settings
         check_profile(machine, allocation, settings.precision, source=machine.path)
         return with_machine(settings, machine, allocation)
+
+
+def _profiled_allocation(
+    allocation: AllocationSpec, profile: MachineProfile | None
+) -> AllocationSpec:
+    """The allocation with a profile's usable memory per device, when it gives one."""
+    if profile is None or profile.device_memory_bytes is None:
+        return allocation
+    return dataclasses.replace(allocation, device_memory_bytes=int(profile.device_memory_bytes))
+
+
+def apply_profile(space: SearchSpace, path: str | Path) -> SearchSpace:
+    """``space`` estimated with the profile at ``path`` or shipped under that name
+    (``run/plan --machine``)."""
+    return space_with_profile(space, load_profile(path))
+
+
+def space_with_profile(space: SearchSpace, profile: MachineProfile) -> SearchSpace:
+    check_profile(profile, space.allocation, space.estimate.precision, source=profile.path)
+    estimate = with_machine(space.estimate, profile, space.allocation)
+    allocation = _profiled_allocation(space.allocation, profile)
+    return dataclasses.replace(space, estimate=estimate, allocation=allocation)
 
 
 def _join(prefix: str, key: str) -> str:

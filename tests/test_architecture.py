@@ -130,11 +130,21 @@ def test_store_imports_only_config_errors_result_and_pandas() -> None:
 
 
 def test_estimate_is_pure() -> None:
+    """The estimate (its profile format included) needs only the configuration types and the
+    two leaf modules that read units and raise input errors; no third-party package."""
+    allowed = ("parsearch.estimate", "parsearch.config", "parsearch.errors", "parsearch.units")
     for module in members("parsearch.estimate"):
-        assert {
-            n for n in internal(module) if not within(n, "parsearch.estimate", "parsearch.config")
-        } == set(), module
+        assert {n for n in internal(module) if not within(n, *allowed)} == set(), module
         assert external(module) == set(), module
+    for leaf in ("parsearch.errors", "parsearch.units"):
+        assert internal(leaf) == set() and external(leaf) == set(), leaf
+
+
+def test_the_space_does_not_import_the_probe() -> None:
+    """The probe measures for a space (it imports the space); the space reads profiles
+    through the estimate's format, never through the probe."""
+    assert violations("parsearch.space", ("parsearch.probe",)) == []
+    assert violations("parsearch.profiles", ("parsearch.probe", "parsearch.space")) == []
 
 
 def test_nothing_imports_the_command_line() -> None:

@@ -14,16 +14,11 @@ from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.estimate import EstimateSettings, memory_per_rank, predict
 from parsearch.estimate.machine import CollectiveFit, GemmPoint, MachineProfile, MemoryBaseline
+from parsearch.estimate.profile import profile_from_dict, profile_to_dict, with_machine
 from parsearch.estimate.timing import gemm_efficiency, pipeline_slots, tp_allreduce_s
 from parsearch.probe.fit import alpha_beta
-from parsearch.probe.profile import (
-    apply_profile,
-    load_profile,
-    profile_from_dict,
-    profile_to_dict,
-    with_machine,
-)
-from parsearch.space import load_space
+from parsearch.profiles import load_profile
+from parsearch.space import apply_profile, load_space
 from parsearch.store import open_store
 
 ROOT = Path(__file__).parent.parent

@@ -13,9 +13,9 @@ from parsearch.cli import main
 from parsearch.launch.process import run_local
 from parsearch.probe.kind import ProbeKind
 from parsearch.probe.plan import plan_for, probe_spec
-from parsearch.probe.profile import apply_profile, load_profile
+from parsearch.profiles import load_profile
 from parsearch.result import TrialState
-from parsearch.space import load_space
+from parsearch.space import apply_profile, load_space
 
 SPACE = {
     "name": "probe-tiny",

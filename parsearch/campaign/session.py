@@ -25,19 +25,20 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, UsageError
+from parsearch.estimate.profile import profile_from_dict, profile_to_dict
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
-from parsearch.probe.profile import (
-    apply_profile,
-    profile_from_dict,
-    profile_to_dict,
-    space_with_profile,
-)
 from parsearch.query import load_warm_start
 from parsearch.result import TrialResult, TrialState
 from parsearch.scaling import chosen_campaign
 from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Strategy, make_strategy
-from parsearch.space import SearchSpace, load_space, space_from_dict
+from parsearch.space import (
+    SearchSpace,
+    apply_profile,
+    load_space,
+    space_from_dict,
+    space_with_profile,
+)
 from parsearch.store import (
     Campaign,
     CampaignStatus,

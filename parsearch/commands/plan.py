@@ -9,8 +9,7 @@ import sys
 from typing import Any
 
 from parsearch.commands import COMMANDS
-from parsearch.probe.profile import apply_profile
-from parsearch.space import SpacePlan, load_space
+from parsearch.space import SpacePlan, apply_profile, load_space
 from parsearch.units import count_of, format_bytes
 
 

@@ -22,9 +22,9 @@ from parsearch.backends import BACKENDS, create_backend, parse_options, serve_if
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import positive_int
 from parsearch.errors import BackendError, ParsearchError
+from parsearch.estimate.profile import profile_to_dict
 from parsearch.probe.fit import fit_profile, tp_in_situ
 from parsearch.probe.plan import ProbePlan, plan_for, probe_spec
-from parsearch.probe.profile import profile_to_dict
 from parsearch.space import load_space
 
 DEFAULT_TIMEOUT_S = 600.0

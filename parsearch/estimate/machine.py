@@ -1,10 +1,19 @@
-"""A machine profile: what a probe measured on the allocation, in the estimate's terms.
+"""A machine profile: what was measured on a machine, in the estimate's terms.
 
 The estimate's own constants (an efficiency cap, a small-GEMM curve, data-sheet bandwidths)
 describe no real machine exactly; a profile replaces them with measurements where it has
-them: the GEMM efficiency of the shapes the space's layouts run, an alpha-beta fit per
-collective and group placement, and the memory a rank holds before the model's tensors.
-Pure data: the YAML loader lives in :mod:`parsearch.probe.profile`.
+them. Two kinds of profile share one format (read and written by
+:mod:`parsearch.estimate.profile`):
+
+* a **probed** profile (``parsearch probe``) holds the GEMM efficiency of the shapes the
+  space's layouts run (:class:`GemmPoint`), an alpha-beta fit per collective and group
+  placement, and the memory a rank holds before the model's tensors, for one allocation;
+* a **device** profile (shipped under ``parsearch/profiles/``) holds published
+  micro-benchmarks of one kind of device and node: the achieved TFLOP/s of GEMMs by shape
+  (:class:`GemmShapePoint`, fitted to the estimate's GEMM curve), collective bandwidths and
+  latencies within and across nodes, the memory usable per device and the memory bandwidth
+  a streaming kernel reaches. It names no node count, so it fits any allocation of its node
+  shape, and says where each figure came from (``source``).
 """
 
 from __future__ import annotations
@@ -23,6 +32,23 @@ GROUP_KINDS = (
 COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "send-recv")
 
 
+def ring_volume(op: str, group: int) -> float:
+    """Share of the buffer each rank sends in a ring algorithm over ``group`` ranks (a
+    send/recv is one transfer of the whole buffer). A collective's *bus bandwidth*, as
+    nccl-tests and rccl-tests print it, is this share of the buffer over the time."""
+    if op == "send-recv":
+        return 1.0
+    share = (group - 1) / group
+    return 2 * share if op == "all-reduce" else share
+
+
+def ring_steps(op: str, group: int) -> float:
+    """Sequential steps of that ring, each paying the link's latency."""
+    if op == "send-recv":
+        return 1.0
+    return (2 if op == "all-reduce" else 1) * (group - 1)
+
+
 @dataclass(frozen=True)
 class GemmPoint:
     """Measured fraction of peak of one rank's transformer-layer matmuls at one shape."""
@@ -31,6 +57,21 @@ class GemmPoint:
     mbs: int
     seq: int
     efficiency: float
+
+
+@dataclass(frozen=True)
+class GemmShapePoint:
+    """Achieved TFLOP/s of one ``(m x k) @ (k x n)`` GEMM, as a vendor BLAS benchmark
+    reports it (``2·m·n·k`` FLOPs over the kernel's time)."""
+
+    m: int
+    n: int
+    k: int
+    tflops: float
+
+    @property
+    def output_elements(self) -> float:
+        return float(self.m * self.n)
 
 
 @dataclass(frozen=True)
@@ -54,12 +95,39 @@ class MemoryBaseline:
     allocator_reserve_fraction: float = 0.0
 
 
+def fit_gemm_curve(
+    points: tuple[GemmShapePoint, ...], peak_flops: float, default_half: float
+) -> tuple[float, float]:
+    """The estimate's GEMM curve ``cap · E / (E + half)`` (``E``: output elements) through
+    measured shapes: ``(cap, half)``.
+
+    ``1/efficiency = 1/cap + (half/cap) / E`` is linear in ``1/E``, so two or more shapes of
+    different sizes give both by least squares; one shape (or shapes of one size, or a fit
+    that comes out with a negative ``half``) keeps ``default_half`` and sets the cap
+    through their mean. A hand-checkable case: one shape of ``E = half`` at efficiency
+    0.4 gives ``cap = 0.8``."""
+    if not points:
+        raise ValueError("no GEMM shapes to fit")
+    xs = [1.0 / point.output_elements for point in points]
+    ys = [peak_flops / (point.tflops * 1e12) for point in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread > 0:
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+        intercept = mean_y - slope * mean_x
+        if slope > 0 and intercept > 0:
+            return 1.0 / intercept, slope / intercept
+    caps = [y / (1 + default_half * x) for x, y in zip(xs, ys, strict=True)]
+    return 1.0 / (sum(caps) / len(caps)), default_half
+
+
 @dataclass(frozen=True)
 class MachineProfile:
-    """A probe's figures for one allocation shape and precision."""
+    """A probe's figures for one allocation shape and precision, or a device profile's
+    published figures for one node shape (``nodes`` ``None``: any number of nodes)."""
 
     name: str
-    nodes: int
+    nodes: int | None
     devices_per_node: int
     precision: str
     peak_flops_per_device: float
@@ -71,6 +139,14 @@ class MachineProfile:
     memory: MemoryBaseline = MemoryBaseline()
     source: str = ""
     path: str = ""
+    gemm_shapes: tuple[GemmShapePoint, ...] = ()
+    # The device's memory as a trainer can allocate it, and the bandwidth a streaming
+    # kernel reaches (what element-wise layers and the optimizer step run at).
+    device_memory_bytes: float | None = None
+    memory_bandwidth_bytes_per_s: float | None = None
+    device: str = ""
+    # Where each figure came from, one line per figure (a shipped profile's sources).
+    sources: tuple[str, ...] = ()
 
     def gemm_efficiency(self, tp: int, mbs: int, seq: int) -> float | None:
         """The measured efficiency at this shape, or at the nearest measured one with the same
