@@ -87,8 +87,14 @@ def count_of(count: int, noun: str) -> str:
 
 
 def format_bytes(value: float) -> str:
-    """Binary units with three significant figures: ``61.2 GiB``."""
+    """Binary units with three significant figures: ``61.2 GiB``, ``1000 MiB`` (never in
+    exponent form: ``:.3g`` alone prints 1000 as ``1e+03``)."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
+            return f"{_three_figures(value / size)} {unit}"
     return f"{value:.0f} B"
+
+
+def _three_figures(number: float) -> str:
+    text = f"{number:.3g}"
+    return f"{number:.0f}" if "e" in text else text

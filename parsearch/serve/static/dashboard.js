@@ -31,24 +31,41 @@ async function api(path) {
 }
 
 // ---- formatting -------------------------------------------------------------------------
+// Every number is printed to `digits` significant figures (3 unless an axis needs more to
+// tell its ticks apart), never in exponent form; zeros are dropped only after a decimal
+// point: 100 -> "100", 469.5 -> "470", 1.50 -> "1.5", 0.0234 -> "0.0234".
 
-function si(value) {
-  if (value === null || value === undefined) return "–";
-  const abs = Math.abs(value);
-  for (const [unit, size] of [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]]) {
-    if (abs >= size) return `${(value / size).toPrecision(3)}${unit}`;
-  }
-  return abs >= 1 || abs === 0 ? value.toPrecision(3).replace(/\.?0+$/, "") : value.toPrecision(2);
+function fixed(value, digits = 3) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  if (value === 0) return "0";
+  const decimals = Math.max(0, digits - 1 - Math.floor(Math.log10(Math.abs(value))));
+  const text = value.toFixed(Math.min(decimals, 20));
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
 }
-function bytes(value) {
-  if (value === null || value === undefined) return "–";
-  for (const [unit, size] of [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
-    if (Math.abs(value) >= size) return `${(value / size).toPrecision(3)} ${unit}`;
+const SI = [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
+function si(value, digits = 3) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  const rounded = Number(value.toPrecision(digits));  // 999.6k is 1M, not 1000k
+  for (const [unit, size] of SI) {
+    if (Math.abs(rounded) >= size) return `${fixed(rounded / size, digits)}${unit}`;
   }
-  return `${Math.round(value)} B`;
+  return fixed(rounded, digits);
 }
-const GIB = 2 ** 30;
-const gib = (v) => `${si(v)} GiB`;
+// Memory: one binary unit for the whole campaign (view.memUnit), so that the axes, the
+// table and the best card read alike: MiB for a laptop's trials, GiB or TiB on a cluster.
+const MEM_UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10], ["B", 1]];
+function memUnit(largest) {
+  const found = MEM_UNITS.find(([, size]) => Math.abs(largest || 0) >= size) || MEM_UNITS[3];
+  return { name: found[0], size: found[1] };
+}
+function bytes(value, digits = 3) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  const unit = view.memUnit || memUnit(value);
+  return `${fixed(value / unit.size, digits)} ${unit.name}`;
+}
+// Raw byte counts in a stored failure reason ("25757796 B exceeds the cap of 25165824 B",
+// as older trainers wrote them) in the campaign's unit.
+const humanBytes = (text) => text.replace(/\b(\d{4,}) ?B\b/g, (_, n) => bytes(Number(n)));
 function metricText(name, value) {
   if (value === null || value === undefined) return "–";
   if (name === "mfu") return `${(100 * value).toFixed(1)}%`;
@@ -83,18 +100,27 @@ function message(id, text) {
 
 // ---- charts -----------------------------------------------------------------------------
 
-function ticks(lo, hi, count = 5) {
-  if (!(hi > lo)) return [lo];
-  const step0 = (hi - lo) / count;
-  const mag = 10 ** Math.floor(Math.log10(step0));
-  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0);
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9 * step; v += step) out.push(v);
-  return out;
+// Round tick values over [lo, hi] (steps of 1, 2 or 5 times a power of ten), and how many
+// significant figures tell them apart (at least 3).
+function ticks(lo, hi, count = 5, integer = false) {
+  if (!(hi > lo)) return { values: [lo], digits: 3 };
+  const step0 = integer ? Math.max(1, (hi - lo) / count) : (hi - lo) / count;
+  const power = Math.floor(Math.log10(step0));
+  const mag = 10 ** power;
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0 * (1 - 1e-9));
+  const values = [];
+  const first = Math.ceil(lo / step - 1e-9);
+  for (let i = first; i * step <= hi + 1e-9 * step; i++) values.push(Number((i * step).toPrecision(12)));
+  const largest = Math.max(...values.map(Math.abs));
+  const stepPower = Math.floor(Math.log10(step) + 1e-9);
+  const digits = largest > 0 ? Math.max(3, Math.floor(Math.log10(largest) + 1e-9) - stepPower + 1) : 3;
+  return { values, digits };
 }
 
 // A plot frame: linear scales over [x0, x1] x [y0, y1] with axes, grid and labels.
-function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, width = 520, height = 300, count = 5 }) {
+// xFormat and yFormat take (value, significant digits).
+function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, width = 520, height = 300, count = 5,
+                             xInteger = false }) {
   const m = { left: 62, right: 14, top: 10, bottom: 42 };
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
   const pad = (lo, hi) => (hi > lo ? [lo, hi] : [lo - Math.abs(lo || 1) * 0.1, hi + Math.abs(hi || 1) * 0.1]);
@@ -104,23 +130,34 @@ function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, wi
   const sy = (v) => height - m.bottom - ((v - y0) / (y1 - y0)) * (height - m.top - m.bottom);
   const grid = el("g", { class: "grid" });
   const axis = el("g", { class: "axis" });
-  for (const t of ticks(y0, y1, count)) {
+  const yTicks = ticks(y0, y1, count);
+  for (const t of yTicks.values) {
     grid.appendChild(el("line", { x1: m.left, x2: width - m.right, y1: sy(t), y2: sy(t) }));
-    axis.appendChild(el("text", { x: m.left - 6, y: sy(t) + 4, "text-anchor": "end" }, yFormat(t)));
+    axis.appendChild(el("text", { x: m.left - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick y" },
+                        yFormat(t, yTicks.digits)));
   }
-  for (const t of ticks(x0, x1, count)) {
+  const xTicks = ticks(x0, x1, count, xInteger);
+  for (const t of xTicks.values) {
     grid.appendChild(el("line", { x1: sx(t), x2: sx(t), y1: m.top, y2: height - m.bottom }));
-    axis.appendChild(el("text", { x: sx(t), y: height - m.bottom + 15, "text-anchor": "middle" }, xFormat(t)));
+    axis.appendChild(el("text", { x: sx(t), y: height - m.bottom + 15, "text-anchor": "middle", class: "tick x" },
+                        xFormat(t, xTicks.digits)));
   }
   axis.appendChild(el("path", { d: `M${m.left},${m.top}V${height - m.bottom}H${width - m.right}`, fill: "none" }));
-  axis.appendChild(el("text", { x: (m.left + width - m.right) / 2, y: height - 6, "text-anchor": "middle" }, xLabel));
-  const yl = el("text", { x: 12, y: (m.top + height - m.bottom) / 2, "text-anchor": "middle",
+  axis.appendChild(el("text", { x: (m.left + width - m.right) / 2, y: height - 6, "text-anchor": "middle",
+                                class: "label x" }, xLabel));
+  const yl = el("text", { x: 12, y: (m.top + height - m.bottom) / 2, "text-anchor": "middle", class: "label y",
                           transform: `rotate(-90 12 ${(m.top + height - m.bottom) / 2})` }, yLabel);
   axis.appendChild(yl);
   svg.append(grid, axis);
   container.appendChild(svg);
   return { svg, sx, sy, m, width, height };
 }
+// Tick labels of a memory axis drawn in the campaign's unit.
+const memTick = (v, digits) => `${fixed(v, digits)} ${view.memUnit.name}`;
+const percentTick = (v, digits) => `${fixed(100 * v, digits)}%`;
+const objectiveFormat = (data) => (data.campaign.objective_metric === "mfu" ? percentTick : si);
+const objectiveText = (data, value) => metricText(data.campaign.objective_metric, value);
+
 function extent(values) {
   const finite = values.filter((v) => v !== null && v !== undefined && Number.isFinite(v));
   return finite.length ? [Math.min(...finite), Math.max(...finite)] : [0, 1];
@@ -139,7 +176,8 @@ function drawConvergence(data) {
   const span = hi > lo ? hi - lo : Math.abs(hi) || 1;
   // Room below the lowest value for the strip of failed trials.
   const plot = frame(node, { x: [1, Math.max(rows.length, 2)], y: [lo - 0.15 * span, hi + 0.05 * span],
-                             xLabel: "finished trials", yLabel: data.objective_label });
+                             xLabel: "finished trials", yLabel: data.objective_label, xInteger: true,
+                             yFormat: objectiveFormat(data) });
   let path = "";
   for (const r of rows) {
     if (r.best_so_far === null) continue;
@@ -154,7 +192,7 @@ function drawConvergence(data) {
   const strip = plot.height - plot.m.bottom - 4;
   for (const r of rows) {
     if (r.value !== null) {
-      dot(plot, r.finished, r.value, COLORS.ok, `#${r.number}: ${si(r.value)}`, 3.5);
+      dot(plot, r.finished, r.value, COLORS.ok, `#${r.number}: ${objectiveText(data, r.value)}`, 3.5);
     } else {
       const mark = el("rect", { x: plot.sx(r.finished) - 2, y: strip - 6, width: 4, height: 8,
                                 fill: COLORS[r.state] || COLORS.failed });
@@ -195,12 +233,12 @@ function drawHeatmap(data) {
                               fill: cell.kind === "ok" ? shade(cell.best) : CELL_FILL[cell.kind],
                               stroke: best ? "#dc2626" : "#e5e7eb", "stroke-width": best ? 2.5 : 1,
                               class: `cell cell-${cell.kind}` });
-    const why = cell.kind === "ok" ? `${si(cell.best)} (#${cell.best_number})` : CELL_TEXT[cell.kind];
+    const why = cell.kind === "ok" ? `${objectiveText(data, cell.best)} (#${cell.best_number})` : CELL_TEXT[cell.kind];
     rect.appendChild(el("title", {}, `tp ${cell.tp} × pp ${cell.pp}: ${why}; ${cell.trials} trial(s)`));
     svg.appendChild(rect);
-    const label = cell.kind === "ok" ? si(cell.best) : CELL_TEXT[cell.kind];
+    const label = cell.kind === "ok" ? objectiveText(data, cell.best) : CELL_TEXT[cell.kind];
     const dark = cell.kind === "ok" && hi > lo && (cell.best - lo) / (hi - lo) > 0.55;
-    svg.appendChild(el("text", { x: x + cw / 2, y: y + ch / 2, class: "cell-label",
+    svg.appendChild(el("text", { x: x + cw / 2, y: y + ch / 2, class: "cell-label", "data-tp": cell.tp, "data-pp": cell.pp,
                                  fill: dark ? "#fff" : cell.kind === "oom" ? "#991b1b" : "#374151" }, label));
   });
   map.tp.forEach((tp, i) => svg.appendChild(el("text", { x: left + (i + 0.5) * cw, y: height - bottom + 15,
@@ -217,19 +255,21 @@ function drawPareto(data) {
   const ok = data.trials.filter((t) => t.state === "ok" && t.metrics.peak_mem_bytes && t.objective.value !== null);
   if (!ok.length) return message("pareto", "no ok trial with a measured memory yet");
   const node = clear("pareto");
-  const mems = ok.map((t) => t.metrics.peak_mem_bytes / GIB);
-  const limit = data.memory_limit_bytes / GIB;
+  const unit = view.memUnit.size;
+  const mems = ok.map((t) => t.metrics.peak_mem_bytes / unit);
+  const limit = data.memory_limit_bytes / unit;
   const [, m1] = extent([...mems, limit]);
   const [o0, o1] = extent(ok.map((t) => t.objective.value));
   const plot = frame(node, { x: [0, m1 * 1.05], y: [o0 * 0.9, o1 * 1.05], xLabel: "peak memory per rank",
-                             yLabel: data.objective_label, xFormat: gib });
+                             yLabel: data.objective_label, xFormat: memTick, yFormat: objectiveFormat(data) });
   const front = data.pareto.map((t) => t.trial);
   for (const t of ok) {
     const on = front.includes(t.trial);
-    dot(plot, t.metrics.peak_mem_bytes / GIB, t.objective.value, on ? COLORS.accent : "#94a3b8",
-        `#${t.trial} ${t.layout_short}: ${si(t.objective.value)}, ${bytes(t.metrics.peak_mem_bytes)}`, on ? 5 : 3.5);
+    dot(plot, t.metrics.peak_mem_bytes / unit, t.objective.value, on ? COLORS.accent : "#94a3b8",
+        `#${t.trial} ${t.layout_short}: ${objectiveText(data, t.objective.value)}, ${bytes(t.metrics.peak_mem_bytes)}`,
+        on ? 5 : 3.5);
   }
-  const pts = data.pareto.map((t) => `${plot.sx(t.metrics.peak_mem_bytes / GIB)},${plot.sy(t.objective.value)}`);
+  const pts = data.pareto.map((t) => `${plot.sx(t.metrics.peak_mem_bytes / unit)},${plot.sy(t.objective.value)}`);
   if (pts.length > 1) {
     plot.svg.appendChild(el("polyline", { points: pts.join(" "), fill: "none", stroke: COLORS.accent,
                                           "stroke-width": 1.5, "stroke-dasharray": "4 3" }));
@@ -239,7 +279,7 @@ function drawPareto(data) {
     plot.svg.appendChild(el("line", { x1: x, x2: x, y1: plot.m.top, y2: plot.height - plot.m.bottom,
                                       stroke: COLORS.oom, "stroke-dasharray": "5 4" }));
     plot.svg.appendChild(el("text", { x: x - 4, y: plot.height - plot.m.bottom - 6, "text-anchor": "end",
-                                      fill: COLORS.oom }, `limit ${gib(limit)}`));
+                                      fill: COLORS.oom, class: "limit" }, `limit ${bytes(data.memory_limit_bytes)}`));
   }
 }
 
@@ -250,10 +290,10 @@ function drawFidelity(data, metric, id, label) {
   if (!fit || !fit.n) return message(id, `${label}: nothing to compare yet`);
   const node = clear(id);
   const memory = metric.includes("mem");
-  const unit = memory ? GIB : 1;
+  const unit = memory ? view.memUnit.size : 1;
   const pairs = fit.pairs.map((p) => ({ ...p, predicted: p.predicted / unit, measured: p.measured / unit }));
   const [lo, hi] = extent(pairs.flatMap((p) => [p.predicted, p.measured]));
-  const fmt = memory ? gib : si;
+  const fmt = memory ? memTick : metric === "mfu" ? percentTick : si;
   const plot = frame(node, { x: [lo * 0.9, hi * 1.05], y: [lo * 0.9, hi * 1.05], xLabel: `predicted ${label}`,
                              yLabel: "measured", xFormat: fmt, yFormat: fmt, width: 300, height: 250, count: 4 });
   plot.svg.appendChild(el("line", { x1: plot.sx(lo * 0.9), y1: plot.sy(lo * 0.9), x2: plot.sx(hi * 1.05),
@@ -375,7 +415,7 @@ function drawTrials(data) {
       [metricText(t.objective.metric, t.objective.value), "num"],
       [metricText(t.objective.metric, (t.predicted || {})[t.objective.metric]), "num"],
       [metricText("mfu", t.metrics.mfu), "num"], [bytes(t.metrics.peak_mem_bytes ?? null), "num"],
-      [duration(t.duration_s), "num"], [t.error || "", "reason"],
+      [duration(t.duration_s), "num"], [humanBytes(t.error || ""), "reason"],
     ];
     for (const [value, cls] of cells) {
       const td = document.createElement("td");
@@ -403,7 +443,7 @@ async function showTrial(number) {
     const t = await api(`campaigns/${encodeURIComponent(view.campaign)}/trials/${number}`);
     document.getElementById("trial-detail").hidden = false;
     document.getElementById("trial-detail-title").textContent =
-      `trial #${t.trial}: ${t.state} · ${t.layout_short}${t.error ? ` · ${t.error}` : ""}`;
+      `trial #${t.trial}: ${t.state} · ${t.layout_short}${t.error ? ` · ${humanBytes(t.error)}` : ""}`;
     document.getElementById("trial-detail-log").textContent = t.log_tail || "(no log)";
   } catch (error) {
     reportError(`trial #${number}: ${error.message}`);
@@ -412,7 +452,18 @@ async function showTrial(number) {
 
 // ---- the loop ---------------------------------------------------------------------------
 
+// The campaign's memory unit: that of its largest measured or predicted peak (the limit
+// before any trial reported one).
+function campaignMemUnit(data) {
+  let largest = 0;
+  for (const t of data.trials) {
+    largest = Math.max(largest, t.metrics.peak_mem_bytes || 0, (t.predicted || {}).peak_mem_bytes || 0);
+  }
+  return memUnit(largest || data.memory_limit_bytes);
+}
+
 function draw(data) {
+  view.memUnit = campaignMemUnit(data);
   drawProgress(data);
   drawBest(data);
   drawConvergence(data);

@@ -1,0 +1,195 @@
+"""The dashboard page in headless Chromium: the numbers it prints are the API's, at every scale,
+and it fits a phone's screen.
+
+Three campaigns written through the store API (``dashboard_stores``): objective values
+around 1, 100 and 1e5, memory in MiB and in hundreds of GiB, 5, 150 and 500 trials. The page
+is read over the DevTools protocol (``headless_chromium``): each number in the trials table,
+the heat map, the best card and on the charts' axes is parsed back and compared with what the
+API serves, to the three significant figures the page prints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import httpx
+import pytest
+import serve_load
+from dashboard_stores import SCALES, write_store
+from headless_chromium import browser, find_browser
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PHONE = (390, 844)
+DESKTOP = (1280, 900)
+SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+MEMORY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*(%|[kMGT]|B|KiB|MiB|GiB|TiB)?")
+MEMORY_UNIT = {"small": "MiB", "mid": "GiB", "huge": "GiB"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """(base URL, browser) over a store of the three campaigns."""
+    chromium = find_browser()
+    if chromium is None:
+        pytest.skip("no Chromium here: .ci/run installs Debian's chromium package")
+    db = write_store(tmp_path_factory.mktemp("dashboard") / "scales.db")
+    with serve_load.serving(db, serve_load.free_port()) as (base, _), browser(chromium) as opened:
+        yield base, opened
+
+
+def parse(text: str) -> tuple[float, float, str]:
+    """``"470"``, ``"73.8k"``, ``"556 GiB"``, ``"43.3%"`` as (number as printed, its unit's
+    size, the unit)."""
+    match = NUMBER.fullmatch(text.strip())
+    assert match, f"not a number as the page prints one: {text!r}"
+    number, unit = float(match.group(1)), match.group(2) or ""
+    size = MEMORY[unit] if unit in MEMORY else 0.01 if unit == "%" else SI[unit]
+    return number, size, unit
+
+
+def value_of(text: str) -> float:
+    number, size, _ = parse(text)
+    return number * size
+
+
+def assert_shows(text: str, value: float, what: str, digits: int = 3) -> None:
+    """``text`` is ``value`` rounded to ``digits`` significant figures in the unit it is
+    printed in (a percentage: to a tenth of a point), neither 10x nor 100x off."""
+    number, size, unit = parse(text)
+    exact = value / size
+    if unit == "%":
+        assert abs(number - exact) <= 0.05 + 1e-9, (what, text, value)
+        return
+    half = 0.5 * 10 ** (math.floor(math.log10(abs(exact))) - (digits - 1)) if exact else 0
+    assert abs(number - exact) <= half * (1 + 1e-9) + 1e-12, (what, text, value)
+
+
+def assert_axis(labels: list[str], values: list[float], what: str) -> None:
+    """Tick labels increase in equal steps, and the axis covers ``values``."""
+    ticks = [value_of(label) for label in labels]
+    assert len(ticks) >= 2, (what, labels)
+    steps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert all(step > 0 for step in steps), (what, labels)
+    assert max(steps) - min(steps) <= 1e-6 * max(steps), (what, labels)
+    low, high = ticks[0] - steps[0], ticks[-1] + steps[0]
+    finite = [v for v in values if v is not None]
+    assert finite and low <= min(finite) and max(finite) <= high, (what, labels, min(finite))
+
+
+def api(base: str, path: str):
+    response = httpx.get(f"{base}/api/{path}", timeout=60)
+    assert response.status_code == 200, (path, response.text)
+    return response.json()
+
+
+PAGE_NUMBERS = """(() => {
+  const all = (selector) => [...document.querySelectorAll(selector)];
+  const texts = (selector) => all(selector).map((n) => n.textContent);
+  const text = (id) => document.getElementById(id).textContent;
+  const charts = ["convergence", "pareto", "fidelity-objective", "fidelity-memory"];
+  return {
+    progress: text("progress-text"),
+    bestValue: text("best-value"),
+    bestDetail: text("best-detail"),
+    rows: all("#trials tbody tr").map((r) => [...r.children].map((c) => c.textContent)),
+    heat: all("#heatmap .cell-label").map((t) => [+t.dataset.tp, +t.dataset.pp, t.textContent]),
+    axes: Object.fromEntries(charts.map((id) =>
+      [id, { x: texts(`#${id} .tick.x`), y: texts(`#${id} .tick.y`) }])),
+  };
+})()"""
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=[s.name for s in SCALES])
+def test_every_number_on_the_page_is_the_apis_at_every_scale(site, scale):
+    base, chromium = site
+    name = scale.name
+    with chromium.page(f"{base}/?campaign={name}", *DESKTOP) as page:
+        shown = page.evaluate(PAGE_NUMBERS)
+        console = page.console()
+    assert not console, console
+    status = api(base, f"campaigns/{name}/status")
+    trials = {t["trial"]: t for t in api(base, f"campaigns/{name}/trials")}
+    best = api(base, f"campaigns/{name}/best")
+    metric = best["objective"]["metric"]
+    assert len(trials) == scale.trials == status["finished"]
+
+    assert shown["progress"].startswith(f"{status['finished']} / {status['budget']} trials")
+    assert_shows(shown["bestValue"].split(" ")[0], best["objective"]["value"], "best")
+    memory = re.search(r"memory/rank (\S+ \S+)", shown["bestDetail"]).group(1)
+    assert_shows(memory, best["metrics"]["peak_mem_bytes"], "best memory")
+
+    # The table: one row per trial, each figure the API's.
+    assert len(shown["rows"]) == len(trials)
+    units = set()
+    for row in shown["rows"]:
+        trial = trials[int(row[0])]
+        assert row[1] == trial["state"]
+        if trial["objective"]["value"] is not None:
+            assert_shows(row[3], trial["objective"]["value"], f"#{row[0]} objective")
+        predicted = (trial["predicted"] or {}).get(metric)
+        if predicted is not None:
+            assert_shows(row[4], predicted, f"#{row[0]} predicted")
+        if trial["metrics"].get("mfu") is not None:
+            assert_shows(row[5], trial["metrics"]["mfu"], f"#{row[0]} MFU")
+        if trial["metrics"].get("peak_mem_bytes") is not None:
+            assert_shows(row[6], trial["metrics"]["peak_mem_bytes"], f"#{row[0]} memory")
+            units.add(parse(row[6])[2])
+        # Failure reasons carry sizes in the campaign's unit, not raw bytes.
+        assert not re.search(r"\d{4,} ?B\b", row[8]), row[8]
+        if trial["state"] == "oom":
+            assert MEMORY_UNIT[name] in row[8], row[8]
+
+    # The heat map's cells: each the API's best of its (tp, pp).
+    cells = {(c["tp"], c["pp"]): c for c in api(base, f"campaigns/{name}/heatmap")["cells"]}
+    assert len(shown["heat"]) == len(cells)
+    for tp, pp, text in shown["heat"]:
+        cell = cells[(tp, pp)]
+        if cell["kind"] == "ok":
+            assert_shows(text, cell["best"], f"cell tp{tp} pp{pp}")
+
+    # The axes: ticks in equal steps that cover what the API says the chart plots.
+    axes = shown["axes"]
+    steps = api(base, f"campaigns/{name}/convergence")
+    assert_axis(axes["convergence"]["x"], [s["finished"] for s in steps], "convergence x")
+    assert all(re.fullmatch(r"\d+", label) for label in axes["convergence"]["x"])
+    assert_axis(axes["convergence"]["y"], [s["value"] for s in steps], "convergence y")
+    ok = [t for t in trials.values() if t["state"] == "ok"]
+    assert_axis(axes["pareto"]["x"], [t["metrics"]["peak_mem_bytes"] for t in ok], "memory x")
+    assert_axis(axes["pareto"]["y"], [t["objective"]["value"] for t in ok], "pareto y")
+    fidelity = api(base, f"campaigns/{name}/fidelity")
+    for axis, key in (("fidelity-objective", metric), ("fidelity-memory", "peak_mem_bytes")):
+        pairs = fidelity[key]["pairs"]
+        for side in ("x", "y"):
+            column = "predicted" if side == "x" else "measured"
+            assert_axis(axes[axis][side], [p[column] for p in pairs], f"{axis} {side}")
+
+    # One memory unit across the page: the table, the memory axes, the best card.
+    for label in axes["pareto"]["x"] + axes["fidelity-memory"]["x"] + axes["fidelity-memory"]["y"]:
+        units.add(parse(label)[2])
+    units.add(parse(memory)[2])
+    assert units == {MEMORY_UNIT[name]}, units
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=[s.name for s in SCALES])
+def test_a_phone_screen_shows_the_page_without_sideways_scrolling(site, scale):
+    base, chromium = site
+    width, height = PHONE
+    with chromium.page(f"{base}/?campaign={scale.name}", width, height, mobile=True) as page:
+        layout = page.evaluate("""(() => {
+          const right = (n) => n.getBoundingClientRect().right;
+          return {
+            scroll: document.documentElement.scrollWidth,
+            header: Math.max(...[...document.querySelectorAll("header > *")].map(right)),
+            cards: Math.max(...[...document.querySelectorAll(".card")].map(right)),
+            charts: Math.max(...[...document.querySelectorAll(".chart svg")].map(right)),
+            pill: right(document.getElementById("campaign-status")),
+          };
+        })()""")
+        console = page.console()
+    assert not console, console
+    for what, right in layout.items():
+        assert right <= width + 0.5, (what, layout)
