@@ -26,6 +26,9 @@ class TrialSpec:
     ``"command"``, plus its settings such as ``steps``, ``warmup_steps``, ``schedule``).
     ``nodes`` is how many nodes of ``allocation.devices_per_node`` devices the trial spans.
     ``memory_cap_bytes`` is the space's ``memory_cap``: a trial measured above it is ``oom``.
+    ``launch_dir`` is the directory the campaign was created in (``{launch_dir}``), kept with
+    the campaign so a ``resume`` from elsewhere runs the same commands; ``None``: the current
+    directory (a single ``parsearch trial``, or a campaign older than the field).
     """
 
     trial_id: str
@@ -36,6 +39,7 @@ class TrialSpec:
     timeout_s: float = 600.0
     seed: int = 0
     memory_cap_bytes: int | None = None
+    launch_dir: str | None = None
 
     @property
     def nodes(self) -> int:
@@ -55,6 +59,7 @@ class TrialSpec:
             "timeout_s": self.timeout_s,
             "seed": self.seed,
             "memory_cap_bytes": self.memory_cap_bytes,
+            "launch_dir": self.launch_dir,
         }
 
     def to_json(self) -> str:
@@ -71,6 +76,7 @@ class TrialSpec:
             timeout_s=float(data.get("timeout_s", 600.0)),
             seed=int(data.get("seed", 0)),
             memory_cap_bytes=data.get("memory_cap_bytes"),
+            launch_dir=data.get("launch_dir"),
         )
 
     @classmethod

@@ -360,12 +360,16 @@ def test_hang_without_metric_lines_is_a_timeout(tmp_path):
     assert result.status is TrialState.TIMEOUT
 
 
-def test_metrics_before_a_hang_are_kept(tmp_path):
+def test_metrics_before_a_hang_are_kept_but_the_trial_is_a_timeout(tmp_path):
     spec = make_spec(section("megatron", "--hang-after-steps"), timeout=2.0)
     result = run(spec, tmp_path)
-    assert result.status is TrialState.OK
+    assert result.status is TrialState.TIMEOUT  # a deadlock after warm-up is never best
+    assert "after 4 measured steps: it hung after its warm-up" in result.error
     assert result.metrics["ended_by_timeout"] is True
     assert result.metrics["tokens_per_s"] == pytest.approx(expected_tokens_per_s(spec), rel=1e-3)
+    allowed = make_spec(section("megatron", "--hang-after-steps", timeout_ok=True), timeout=2.0)
+    result = run(allowed, tmp_path)
+    assert result.status is TrialState.OK and result.metrics["ended_by_timeout"] is True
 
 
 def test_nonzero_exit_is_an_error_with_the_log_tail(tmp_path):

@@ -276,6 +276,7 @@ class Driver:
             timeout_s=self.trial_timeout_s,
             seed=self.campaign.seed,
             memory_cap_bytes=self.space.memory_cap_bytes,
+            launch_dir=self.campaign.settings.get("launch_dir"),
         )
         hosts = self.backend.submit(spec)
         self._no_room_since = None

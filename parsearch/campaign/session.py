@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -220,6 +221,7 @@ def start_campaign(
                     **settings.to_dict(),
                     "backend_settings": parts.backend.describe(),
                     **_profile_record(space),
+                    "launch_dir": os.getcwd(),  # {launch_dir}, the same on every resume
                 },
                 objective_metric=space.objective,
             )
@@ -276,6 +278,7 @@ def _continue(
     # One construction from both, so an override can replace a stored value that is no
     # longer valid (say a lease timeout below today's minimum).
     settings = CampaignSettings.from_dict({**campaign.settings, **overrides})
+    _check_launch_dir(campaign)
     source = campaign.space_path or f"campaign '{campaign.name}' in {store.path}"
     space = space_from_dict(campaign.space, source=source)
     if settings.machine and campaign.settings.get("machine_profile"):
@@ -292,6 +295,27 @@ def _continue(
         budget=budget,
         observers=observers,
         backend=backend,
+    )
+
+
+def _check_launch_dir(campaign: Campaign) -> None:
+    """The campaign's trials keep the ``{launch_dir}`` it was created in (the driver passes
+    it on); say so when this session starts elsewhere, and refuse when it is gone: every
+    trial would fail to find its program and spend the budget."""
+    stored = campaign.settings.get("launch_dir")
+    here = os.getcwd()
+    if not stored or Path(stored) == Path(here):
+        return
+    if not Path(stored).is_dir():
+        raise UsageError(
+            f"campaign '{campaign.name}' was created in {stored}, its {{launch_dir}}, which "
+            f"no longer exists; this resume runs in {here}. Restore {stored} (or link it to "
+            "the checkout's new place) and resume again"
+        )
+    print(
+        f"note: {{launch_dir}} stays {stored}, where campaign '{campaign.name}' was created "
+        f"(this resume runs in {here})",
+        file=sys.stderr,
     )
 
 

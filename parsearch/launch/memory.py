@@ -5,11 +5,12 @@ that relies on it caps nothing for the others, and a log can be misread. The age
 every process of the trial, so it measures them itself (Linux; psutil not needed):
 
 * while they run, each process's high-water resident set (``VmHWM`` in
-  ``/proc/<pid>/status``, which the kernel keeps, so sampling only has to happen before a
-  process ends) for the process it started and every descendant (a launcher's workers);
-* when it reaps the process it started, ``wait4``'s ``ru_maxrss``: the largest peak among
-  that process and every descendant it (or the guard, their subreaper) waited for, so a
-  worker that grew and ended between two samples is still counted.
+  ``/proc/<pid>/status``, which the kernel keeps, so a sample taken any time after the peak
+  sees it) for the process it started and every descendant (a launcher's workers), a few
+  times a second and once more before the survivors are killed.
+
+``wait4``'s ``ru_maxrss`` is not used: it keeps the peak of the memory a process had before
+``exec``, i.e. of the forking parent (the agent, a launcher), not of the program.
 
 The figure is per process: the largest rank's peak resident set, which is what a rank of a
 CPU trial uses (a device's memory is not in it).
@@ -69,8 +70,3 @@ def peak_rss(roots: Iterable[int]) -> int:
         for pid in process_tree(root):
             peak = max(peak, high_water_rss(pid))
     return peak
-
-
-def maxrss_bytes(ru_maxrss: int) -> int:
-    """``ru_maxrss`` in bytes (Linux reports kibibytes)."""
-    return int(ru_maxrss) * KIB

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parsearch.launch.memory import maxrss_bytes, peak_rss
+from parsearch.launch.memory import peak_rss
 from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
@@ -180,7 +180,6 @@ class SpawnedRank:
                 start_new_session=True,
             )
         self.pid = self._popen.pid
-        self.maxrss_bytes = 0  # wait4's peak of it and its waited descendants, once reaped
 
     def exit_code(self) -> int | None:
         """The exit code (negative: killed by that signal) of the ended rank, without
@@ -202,15 +201,7 @@ class SpawnedRank:
         """Nothing to add to signalling its process group: it was created in its own."""
 
     def reap(self) -> int:
-        """Wait for it (``wait4``: its peak resident set, see :mod:`parsearch.launch.memory`)."""
-        if self._popen.returncode is None:
-            try:
-                _, status, usage = os.wait4(self.pid, 0)
-            except ChildProcessError:
-                return self._popen.wait()
-            self._popen.returncode = os.waitstatus_to_exitcode(status)
-            self.maxrss_bytes = maxrss_bytes(usage.ru_maxrss)
-        return self._popen.returncode
+        return self._popen.wait()
 
 
 @dataclass
@@ -422,8 +413,6 @@ class NodeRun:
             code = rank.process.reap()
             if rank.exit_code is None:
                 rank.exit_code = code
-            reaped = getattr(rank.process, "maxrss_bytes", 0)
-            rank.peak_rss_bytes = max(rank.peak_rss_bytes, reaped)
         self._remove_scratch()
         result = self._classify(forced, still_running)
         measured = max((rank.peak_rss_bytes for rank in self.ranks), default=0)

@@ -78,7 +78,8 @@ PLACEHOLDERS: dict[str, str] = {
     "seq_length": "model.seq_length",
     "memory_cap": "the space's memory_cap (else the device memory) as a size, e.g. 40MiB",
     "memory_cap_bytes": "the space's memory_cap (else the device memory) in bytes",
-    "launch_dir": "the directory parsearch (the driver, or a worker) was started in",
+    "launch_dir": "the directory the campaign was created in (kept on resume), else the "
+    "current one",
 }
 # The file {hostfile} names, in the trial directory.
 HOSTFILE = "hosts"
@@ -158,7 +159,7 @@ def trial_values(
         "seq_length": model.seq_length,
         "memory_cap": exact_size(cap),
         "memory_cap_bytes": cap,
-        "launch_dir": os.getcwd(),
+        "launch_dir": spec.launch_dir or os.getcwd(),
     }
 
 

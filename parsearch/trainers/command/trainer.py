@@ -21,10 +21,17 @@ When the ranks have ended (or been killed), the node's logs are read again. Unle
 rank exited 0 with metrics, an out-of-memory line in any log makes the trial ``oom``, even
 when a hang ended it (a rank that ran out of memory often leaves its peers waiting in a
 collective until the timeout). The metrics come from the *last* rank whose log has metric
-lines, as Megatron prints from its last pipeline stage, and peak memory from every log; a
-timeout after enough measured steps still yields them (``ended_by_timeout``). A peak
-measured above the space's ``memory_cap`` makes an otherwise ok trial ``oom``
-(:func:`over_memory_cap`); ``{memory_cap}`` passes the cap to the program.
+lines, as Megatron prints from its last pipeline stage, and peak memory from every log. A
+timeout after enough measured steps keeps them (``ended_by_timeout``) but stays a
+``timeout``: a run that hangs after its warm-up (a deadlock) must never be the best layout;
+``timeout_ok: true`` stores it as ``ok``, for programs that run until they are stopped.
+
+Memory is also measured by the node agent (the peak resident set of every process it
+started, :mod:`parsearch.launch.memory`): on CPU, where that is the ranks' memory, a trial's
+``peak_mem_bytes`` is the larger of the measured and the logged figure (the logged one kept
+as ``reported_peak_mem_bytes``), so the cap holds for programs that print no memory. A peak
+above the space's ``memory_cap`` makes an otherwise ok trial ``oom`` (:func:`over_memory_cap`);
+``{memory_cap}`` passes the cap to the program.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from parsearch.errors import SpaceError
 from parsearch.launch.oom import first_oom_line
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
-from parsearch.launch.process import NodeRun, read_tail
+from parsearch.launch.process import MEASURED_RSS, NodeRun, read_tail
 from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
@@ -74,6 +81,7 @@ SECTION_KEYS = (
     "timeout",
     "bind_devices",
     "cwd",
+    "timeout_ok",
 )
 LAUNCH_MODES = ("per_rank", "per_node", "single")
 DEFAULTS: dict[str, Any] = {
@@ -83,6 +91,7 @@ DEFAULTS: dict[str, Any] = {
     "steps": 10,
     "warmup_steps": 2,
     "bind_devices": False,
+    "timeout_ok": False,
     "env": {},
     "vars": {},
     "files": {},
@@ -102,7 +111,8 @@ def validate_section(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     megatron-deepspeed | torchtitan | regex), ``patterns`` and ``scale`` (regex parser),
     ``steps``, ``warmup_steps``, ``timeout`` (seconds), ``bind_devices`` (false: every rank
     sees every device of its node; true: one each, as ``srun --gpu-bind``), ``cwd`` (the
-    working directory, placeholders allowed; default the trial directory).
+    working directory, placeholders allowed; default the trial directory), ``timeout_ok``
+    (false: a trial ended by its timeout after measured steps stays ``timeout``, never best).
     """
     return CommandSettings.from_section(data, source).section
 
@@ -140,7 +150,7 @@ class CommandSettings:
                 raise error(
                     f"trainer.{key}", f"must be one of {list(choices)}, got {section[key]!r}"
                 )
-        for key in ("shell", "bind_devices"):
+        for key in ("shell", "bind_devices", "timeout_ok"):
             if not isinstance(section[key], bool):
                 raise error(f"trainer.{key}", f"must be true or false, got {section[key]!r}")
         steps, warmup = section["steps"], section["warmup_steps"]
@@ -341,13 +351,28 @@ class CommandNode:
         """Re-read the logs and decide the trial's state and metrics (see module doc)."""
         if agent.status is TrialState.INTERRUPTED:
             return agent
-        final = over_memory_cap(self._judge(run, agent), self.spec.memory_cap_bytes)
+        judged = self._with_measured_memory(self._judge(run, agent), agent)
+        final = over_memory_cap(judged, self.spec.memory_cap_bytes)
         if self.per_node and final.error:  # the agent counts processes as ranks
             for rank in run.ranks:
                 label = self._label(rank.rank)
                 final.error = final.error.replace(f"rank {rank.rank} ", f"{label} ", 1)
                 final.error = final.error.replace(f"ranks [{rank.rank}]", label, 1)
         return final
+
+    def _with_measured_memory(self, result: TrialResult, agent: TrialResult) -> TrialResult:
+        """The agent's measured peak resident set in the metrics; on CPU also the trial's
+        ``peak_mem_bytes`` when it is larger than what the logs said (see module doc)."""
+        measured = agent.metrics.get(MEASURED_RSS)
+        if not measured:
+            return result
+        result.metrics[MEASURED_RSS] = measured
+        if not uses_gpu(self.spec):
+            reported = result.metrics.get("peak_mem_bytes")
+            if reported is not None:
+                result.metrics["reported_peak_mem_bytes"] = reported
+            result.metrics["peak_mem_bytes"] = max(int(reported or 0), int(measured))
+        return result
 
     def _judge(self, run: NodeRun, agent: TrialResult) -> TrialResult:
         """Precedence: a status the trainer reported itself; a clean exit with metrics; an
@@ -383,7 +408,20 @@ class CommandNode:
             return agent
         if agent.status is TrialState.TIMEOUT and measured:
             metrics["ended_by_timeout"] = True
-            return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=agent.log_tail)
+            if self.settings.section["timeout_ok"]:
+                return TrialResult(status=TrialState.OK, metrics=metrics, log_tail=agent.log_tail)
+            steps = metrics.get("measured_steps")
+            after = f" after {steps} measured steps" if steps else " after it reported metrics"
+            return TrialResult(
+                status=TrialState.TIMEOUT,
+                metrics=metrics,
+                error=(
+                    f"{agent.error}{after}: it hung after its warm-up, so it is never the best "
+                    "(trainer.timeout_ok: true stores such a trial as ok, for a program that "
+                    "runs until it is stopped)"
+                ),
+                log_tail=agent.log_tail,
+            )
         if agent.status is not TrialState.OK:
             return agent
         if self.placement.nnodes > 1:  # another node may hold the last rank: see merge_node_results
