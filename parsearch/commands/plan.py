@@ -69,7 +69,18 @@ def run(args: argparse.Namespace) -> int:
     warning = plan.timeout_warning()
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    print_trainer_advice(space)
     return 0
+
+
+def print_trainer_advice(space: Any) -> None:
+    """The command trainer's load-time advice (where a shell template's placeholders sit)."""
+    if space.trainer.get("kind") != "command":
+        return
+    from parsearch.trainers.command.trainer import shell_advice
+
+    for note in shell_advice(space.trainer, space.source):
+        print(f"warning: {note}", file=sys.stderr)
 
 
 def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list[dict]) -> None:

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from parsearch.campaign.progress import Progress
     from parsearch.campaign.session import CampaignSettings, start_campaign
 
+    _advise(args.space)
     given = session_overrides(args)
     settings = CampaignSettings(
         strategy=args.strategy,
@@ -134,3 +135,17 @@ def run(args: argparse.Namespace) -> int:
         observers.close()
     print(summary.render(args.store))
     return 0
+
+
+def _advise(path: str) -> None:
+    """Print the trainer's load-time advice; a space that does not load is left to the
+    campaign's start, which says why (or, with --resume, may not need the file)."""
+    from parsearch.commands.plan import print_trainer_advice
+    from parsearch.errors import ParsearchError
+    from parsearch.space import load_space
+
+    try:
+        space = load_space(path)
+    except ParsearchError:
+        return
+    print_trainer_advice(space)

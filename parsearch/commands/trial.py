@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.commands import COMMANDS
+from parsearch.commands.plan import print_trainer_advice
 from parsearch.config import ParallelLayout
 from parsearch.errors import LayoutError
 from parsearch.failures import failure_reason
 from parsearch.launch.guard import guarded
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import free_port, run_together
+from parsearch.plausible import checked
 from parsearch.result import TrialResult
 from parsearch.search.candidates import layout_problems, raw_layout
 from parsearch.space import SearchSpace, load_space
@@ -103,6 +105,7 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
 def run(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     layout = parse_layout(space, args.layout)
+    print_trainer_advice(space)
     spec = TrialSpec(
         trial_id="dry-run",
         model=space.model,
@@ -117,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
     trial_dir = (workdir / spec.trial_id).resolve()
     try:
         result, commands = run_trial(spec, trial_dir)
+        result = checked(  # as the campaign judges it: impossible or contradictory figures
+            result,
+            objective=space.objective,
+            peak_flops_per_device=space.allocation.peak_flops_per_device,
+            tokens_per_step=layout.global_batch * space.model.seq_length,
+        )
         print(render(layout, spec, result, commands, trial_dir if keep else None, args.lines))
     finally:
         if not keep:

@@ -18,6 +18,7 @@ import statistics
 from typing import Any
 
 from parsearch.estimate import flops_per_step
+from parsearch.plausible import contradiction
 from parsearch.trainers.command.parsers.base import LogScan, Step
 from parsearch.trial import TrialSpec
 
@@ -125,6 +126,14 @@ def _rate_and_time(
         time = tokens / rate
     if rate is None and time:
         rate = tokens / time
+    why = contradiction(
+        {name: get(name) for name in _TIMING_KEYS},
+        tokens_per_step=tokens,
+        global_batch=tokens / spec.model.seq_length,
+        world_size=spec.layout.world_size,
+    )
+    if why is not None:  # every figure must tell the same step time: see parsearch.plausible
+        raise NoMeasurement(why)
     return rate, time
 
 
@@ -160,6 +169,14 @@ def _from_steps(steps: list[Step], spec: TrialSpec, warmup_steps: int) -> dict[s
             f"the log reports global batch size {wrong[0].global_batch} but the layout "
             f"{spec.layout.short()} asks for {expected}: the command template does not pass "
             f"the layout's batch to the trainer"
+        )
+    seq = spec.model.seq_length
+    wrong = [step for step in measured if step.seq_length not in (None, seq)]
+    if wrong:
+        raise NoMeasurement(
+            f"the log reports sequence length {wrong[0].seq_length} (step {wrong[0].index}) "
+            f"but the model's seq_length is {seq}: the command template does not pass the "
+            "space's sequence length to the trainer"
         )
     times, rates = [], []
     for step in measured:

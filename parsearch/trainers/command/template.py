@@ -4,8 +4,10 @@ A template is a list of arguments (or one string, split like a shell would split
 anything is substituted). Each argument may hold ``{placeholder}`` fields, filled from the
 trial; a filled argument stays exactly one argument whatever its value holds, so a value read
 from a file (``"; rm -rf ~"``) can never become a command. With ``shell: true`` the template
-is one string given to ``/bin/sh -c``, and every substituted value is shell-quoted; a
-placeholder inside the template's own quotes is refused (quoting cannot protect it there).
+is one string given to ``/bin/sh -c`` and no value is ever written into it: each placeholder
+becomes a reference to a variable the shell receives as data (see
+:mod:`parsearch.trainers.command.shell`), so no value can be parsed as shell syntax whatever
+the template says; where a placeholder sits only earns load-time advice.
 
 An argument may also be a *switch*, which expands to zero or more arguments chosen by a
 placeholder's value — how one template serves trainers that take flags rather than values::
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.config import RECOMPUTE_CHOICES
+from parsearch.trainers.command import shell as shell_script
 from parsearch.trial import TrialSpec
 from parsearch.units import exact_size
 
@@ -81,6 +84,37 @@ PLACEHOLDERS: dict[str, str] = {
     "launch_dir": "the directory the campaign was created in (kept on resume), else the "
     "current one",
 }
+# Placeholders whose value is always a number (trial_values), so safe in shell arithmetic.
+NUMERIC = frozenset(
+    (
+        "tp",
+        "pp",
+        "dp",
+        "mbs",
+        "gas",
+        "global_batch",
+        "batch_per_replica",
+        "zero_stage",
+        "vpp",
+        "layers_per_virtual_stage",
+        "world_size",
+        "nnodes",
+        "node_rank",
+        "nproc_per_node",
+        "master_port",
+        "steps",
+        "warmup_steps",
+        "seed",
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "ffn_hidden_size",
+        "vocab_size",
+        "seq_length",
+        "memory_cap_bytes",
+    )
+)
 # The file {hostfile} names, in the trial directory.
 HOSTFILE = "hosts"
 # Placeholders whose every value is known, so a switch on them can list them all.
@@ -197,13 +231,12 @@ class Text:
             parts.append((literal, name))
         return cls(tuple(parts))
 
-    def render(self, values: Mapping[str, Any], *, quote: bool = False) -> str:
+    def render(self, values: Mapping[str, Any]) -> str:
         out = []
         for literal, name in self.parts:
             out.append(literal)
             if name is not None:
-                value = as_text(values[name])
-                out.append(shlex.quote(value) if quote else value)
+                out.append(as_text(values[name]))
         return "".join(out)
 
     def typed(self, values: Mapping[str, Any]) -> Any:
@@ -273,35 +306,6 @@ class Switch:
         return [text.render(values) for text in chosen]
 
 
-def _refuse_quoted_placeholders(text: Text, where: str) -> None:
-    """Refuse a shell template that puts a placeholder inside quotes or after a backslash.
-
-    Every filled value is quoted for the shell (``shlex.quote``), which protects it only
-    outside quotes: inside ``"..."`` the quoting itself becomes literal text and ``$(...)``
-    or a backquote in the value would run; inside ``'...'`` a quote in the value ends the
-    string. So the template's own quotes around a placeholder are refused, not guessed at.
-    """
-    quote: str | None = None
-    escaped = False
-    for literal, name in text.parts:
-        for char in literal:
-            if escaped:
-                escaped = False
-            elif char == "\\" and quote != "'":
-                escaped = True
-            elif quote is None and char in "'\"":
-                quote = char
-            elif char == quote:
-                quote = None
-        if name is not None and (quote is not None or escaped):
-            inside = f"inside {quote}...{quote}" if quote else "after a backslash"
-            raise TemplateError(
-                where,
-                f"placeholder {{{name}}} is {inside} in a shell: true command; remove the "
-                "quotes around it: parsearch quotes every filled value for the shell itself",
-            )
-
-
 def _arguments(value: Any, names: set[str] | frozenset[str], where: str) -> tuple[Text, ...]:
     items = value if isinstance(value, list) else [value]
     return tuple(Text.parse(item, names, f"{where}[{i}]") for i, item in enumerate(items))
@@ -313,6 +317,9 @@ class CommandTemplate:
 
     items: tuple[Text | Switch, ...]
     shell: bool = False
+    # With shell: true, where each placeholder sits (shell.scan) and the warnings it earns.
+    placements: tuple[shell_script.Placement, ...] = ()
+    advice: tuple[str, ...] = ()
 
     @classmethod
     def parse(
@@ -323,8 +330,12 @@ class CommandTemplate:
             if not isinstance(command, str) or not command.strip():
                 raise TemplateError(where, "with shell: true the command must be one string")
             text = Text.parse(command, names, where)
-            _refuse_quoted_placeholders(text, where)
-            return cls((text,), shell=True)
+            placements = shell_script.scan(text.parts)
+            clash = shell_script.check_names([place.name for place in placements])
+            if clash is not None:
+                raise TemplateError(where, clash)
+            advice = tuple(f"{where}: {note}" for note in shell_script.advice(placements, NUMERIC))
+            return cls((text,), shell=True, placements=tuple(placements), advice=advice)
         if isinstance(command, str):
             try:
                 command = shlex.split(command)
@@ -342,12 +353,15 @@ class CommandTemplate:
             raise TemplateError(f"{where}[0]", "the program to run cannot be a switch")
         return cls(tuple(items))
 
-    def argv(self, values: Mapping[str, Any]) -> list[str]:
-        """The argument list for one node of one trial."""
+    def argv(self, values: Mapping[str, Any], *, shell: str = shell_script.SHELL) -> list[str]:
+        """The argument list for one node of one trial (``shell``: the shell that runs a
+        ``shell: true`` template; tests run it under dash and bash alike)."""
         if self.shell:
             text = self.items[0]
             assert isinstance(text, Text)
-            return ["/bin/sh", "-c", text.render(values, quote=True)]
+            body, order = shell_script.script(text.parts, self.placements)
+            filled = {name: as_text(values[name]) for name in order}
+            return shell_script.argv(body, order, filled, shell)
         argv: list[str] = []
         for item in self.items:
             if isinstance(item, Switch):

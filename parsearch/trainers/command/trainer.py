@@ -195,6 +195,18 @@ class CommandSettings:
         return values
 
 
+def shell_advice(section: Mapping[str, Any], source: str) -> list[str]:
+    """Warnings about a ``shell: true`` template (where its placeholders sit; never errors:
+    every value reaches the shell as data wherever it sits), for ``plan`` and ``run``."""
+    if section.get("kind") != "command" or not section.get("shell"):
+        return []
+    try:
+        settings = CommandSettings.from_section(section, source)
+    except SpaceError:
+        return []
+    return [f"{source}: {note}" for note in settings.template.advice]
+
+
 def _string_case_keys(command: Any) -> Any:
     """Switch cases keyed by text (``1`` and ``true`` from YAML become ``"1"``, ``"true"``),
     so the section survives the JSON round trip of a :class:`TrialSpec` unchanged."""
@@ -224,6 +236,8 @@ def _placeholder_names(variables: Any, error: Any) -> frozenset[str]:
             raise error(where, f"{{{name}}} is a built-in placeholder and cannot be redefined")
         if isinstance(value, Mapping | list) or value is None:
             raise error(where, f"must be a string, number or boolean, got {value!r}")
+        if isinstance(value, str) and "\0" in value:  # no argument or variable can hold one
+            raise error(where, "must not contain a NUL character (\\0)")
     return frozenset(PLACEHOLDERS) | frozenset(variables)
 
 
