@@ -41,13 +41,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _to_tracker(args: argparse.Namespace) -> int:
-    tracker = make_tracker(args.to)
+    tracker = make_tracker(args.to, store_path=args.store)
     with open_campaign(args.store, args.name) as (store, campaign):
         records = store.trials(campaign.id)
     added = tracker.export(campaign, records)
     finished = sum(r.state.finished for r in records)
     print(
-        f"logged {added} new of {finished} finished trials of campaign '{campaign.name}' to "
-        f"{args.to.kind} at {tracker.uri} (experiment '{campaign.name}')"
+        f"logged {added} new of {finished} finished trials of campaign '{campaign.name}' "
+        f"(store {args.store}) to {args.to.kind} at {tracker.uri} (experiment "
+        f"'{campaign.name}', runs tagged parsearch.store and parsearch.campaign_uid)"
     )
     return 0

@@ -9,6 +9,7 @@ only when a tracker is asked for.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,16 +61,23 @@ def add_track_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def make_tracker(target: TrackTarget) -> MlflowTracker:
+def make_tracker(
+    target: TrackTarget, store_path: str | os.PathLike[str] | None = None
+) -> MlflowTracker:
     """The tracker for ``target``; imports its package now, so that a missing one fails
-    before the campaign starts."""
+    before the campaign starts. ``store_path`` is tagged on every run it logs."""
     from parsearch.tracking.mlflow_tracker import MlflowTracker
 
-    return MlflowTracker(target.uri)
+    return MlflowTracker(target.uri, store_path=store_path)
 
 
-def make_observers(targets: list[TrackTarget]) -> Observers:
-    """The driver observers for ``--track`` targets."""
+def make_observers(
+    targets: list[TrackTarget], store_path: str | os.PathLike[str] | None = None
+) -> Observers:
+    """The driver observers for ``--track`` targets, each on a worker thread of its own
+    (:class:`~parsearch.tracking.background.BackgroundTracker`): a tracking server that is
+    slow or down never delays a trial nor the campaign's end by more than a few seconds."""
     from parsearch.campaign.observers import Observers
+    from parsearch.tracking.background import BackgroundTracker
 
-    return Observers([make_tracker(target) for target in targets])
+    return Observers([BackgroundTracker(make_tracker(target, store_path)) for target in targets])

@@ -2,8 +2,19 @@
 
 A run holds the layout as parameters, the measured figures and the estimate's prediction
 (``predicted.<name>``) as metrics, the trial's state, number and failure reason as tags,
-and the trial's own start and end times. Runs are found again by the ``parsearch.trial``
-tag, so exporting a campaign twice (or after ``--track``) adds only what is missing.
+and the trial's own start and end times.
+
+A logged trial is identified by its campaign *and* the store that holds it: the
+``parsearch.campaign_uid`` tag (the campaign's name and creation time, which no other
+store's campaign shares, even one of the same space and name) with the ``parsearch.trial``
+number. Exporting a campaign twice (or after ``--track``) adds only what is missing, and a
+second store's campaign of the same name gets runs of its own in the same experiment, told
+apart by that tag, ``parsearch.store`` (its path, when known) and the run name.
+
+Calls to a tracking server are bounded: unless the environment says otherwise, MLflow
+retries a failed request twice (not 7 times over about 4 minutes) and waits 10 s for an
+answer (not 120 s); ``--track`` also runs them off the driver loop
+(:mod:`parsearch.tracking.background`).
 
 mlflow-skinny is enough: it writes to an MLflow server (``http://...``, ``databricks``)
 or to a local file store (``file:///path/mlruns``). MLflow 3 keeps the file store in
@@ -13,8 +24,10 @@ mlflow-skinny can write without SQLAlchemy, so a file target sets that switch.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +35,23 @@ from parsearch.errors import TrackingError
 from parsearch.store import Campaign, TrialRecord
 
 TRIAL_TAG = "parsearch.trial"
+CAMPAIGN_TAG = "parsearch.campaign_uid"
 MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value
+# MLflow's HTTP client settings, unless set already: a tracking server that is down costs
+# seconds per call, not minutes.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
+
+def campaign_uid(campaign: Campaign) -> str:
+    """The campaign across stores: its name and creation time (to the microsecond), hashed.
+    Two stores' campaigns of the same space and name differ by it; a copy of a store is the
+    same campaign."""
+    text = f"{campaign.name}\n{campaign.created_at:.6f}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def resolve_uri(uri: str | None) -> str:
@@ -38,7 +67,7 @@ class MlflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, uri: str | None = None) -> None:
+    def __init__(self, uri: str | None = None, store_path: str | os.PathLike | None = None) -> None:
         try:
             from mlflow.entities import Metric, Param, RunTag
             from mlflow.tracking import MlflowClient
@@ -50,9 +79,13 @@ class MlflowTracker:
         self.uri = resolve_uri(uri)
         if self.uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        for name, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        self.store_path = None if store_path is None else str(Path(store_path).absolute())
         self._entities = (Metric, Param, RunTag)
         self.client = MlflowClient(tracking_uri=self.uri)
         self._experiments: dict[int, str] = {}
+        self._logged: dict[str, set[int]] = {}  # by campaign uid, read once per session
 
     def experiment_id(self, campaign: Campaign) -> str:
         """The campaign's experiment (created on first use), named after the campaign."""
@@ -72,12 +105,16 @@ class MlflowTracker:
         return self._experiments[campaign.id]
 
     def logged_trials(self, campaign: Campaign) -> set[int]:
-        """Trial numbers already logged in the campaign's experiment."""
+        """Numbers of this campaign's trials (this store's: by :func:`campaign_uid`) already
+        logged in its experiment."""
         experiment = self.experiment_id(campaign)
         numbers: set[int] = set()
         token = None
+        wanted = f"tags.`{CAMPAIGN_TAG}` = '{campaign_uid(campaign)}'"
         while True:
-            page = self.client.search_runs([experiment], max_results=1000, page_token=token)
+            page = self.client.search_runs(
+                [experiment], filter_string=wanted, max_results=1000, page_token=token
+            )
             numbers.update(
                 int(run.data.tags[TRIAL_TAG]) for run in page if TRIAL_TAG in run.data.tags
             )
@@ -86,21 +123,35 @@ class MlflowTracker:
                 return numbers
 
     def trial_finished(self, campaign: Campaign, record: TrialRecord) -> None:
+        """Log ``record`` as a run, unless this campaign's trial of that number is there."""
+        uid = campaign_uid(campaign)
+        if uid not in self._logged:
+            self._logged[uid] = self.logged_trials(campaign)
+        if record.number in self._logged[uid]:
+            return
+        self._log(campaign, record)
+        self._logged[uid].add(record.number)
+
+    def _log(self, campaign: Campaign, record: TrialRecord) -> None:
         Metric, Param, RunTag = self._entities
         experiment = self.experiment_id(campaign)
         started_ms = _ms(record.started_at or record.created_at)
         finished_ms = _ms(record.finished_at) if record.finished_at else started_ms
+        where = f" [{Path(self.store_path).name}]" if self.store_path else ""
         run = self.client.create_run(
             experiment,
             start_time=started_ms,
-            run_name=f"trial {record.number}: {record.layout.short()}",
+            run_name=f"trial {record.number}: {record.layout.short()}{where}",
         )
         run_id = run.info.run_id
         metrics = [
             Metric(name, value, finished_ms, 0) for name, value in run_metrics(record).items()
         ]
         params = [Param(name, str(value)) for name, value in run_params(record).items()]
-        tags = [RunTag(name, value) for name, value in run_tags(campaign, record).items()]
+        tags = [
+            RunTag(name, value)
+            for name, value in run_tags(campaign, record, self.store_path).items()
+        ]
         self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         status = "FINISHED" if record.state.value == "ok" else "FAILED"
         self.client.set_terminated(run_id, status=status, end_time=finished_ms)
@@ -110,7 +161,8 @@ class MlflowTracker:
         logged = self.logged_trials(campaign)
         missing = [r for r in records if r.state.finished and r.number not in logged]
         for record in missing:
-            self.trial_finished(campaign, record)
+            self._log(campaign, record)
+        self._logged[campaign_uid(campaign)] = logged | {r.number for r in missing}
         return len(missing)
 
     def close(self) -> None:
@@ -138,15 +190,23 @@ def run_metrics(record: TrialRecord) -> dict[str, float]:
     }
 
 
-def run_tags(campaign: Campaign, record: TrialRecord) -> dict[str, str]:
+def run_tags(
+    campaign: Campaign, record: TrialRecord, store_path: str | None = None
+) -> dict[str, str]:
+    """Which trial of which campaign of which store, and how it went."""
+    created = datetime.fromtimestamp(campaign.created_at, timezone.utc)
     tags = {
         TRIAL_TAG: str(record.number),
+        CAMPAIGN_TAG: campaign_uid(campaign),
         "parsearch.campaign": campaign.name,
+        "parsearch.campaign_created": created.isoformat(timespec="microseconds"),
         "parsearch.key": record.key,
         "state": record.state.value,
         "layout": record.layout.short(),
         "hosts": ",".join(record.hosts),
     }
+    if store_path:
+        tags["parsearch.store"] = store_path[:MAX_TAG_CHARS]
     if record.error:
         tags["error"] = record.error[:MAX_TAG_CHARS]
     return tags
