@@ -13,7 +13,12 @@ command as a small supervisor:
   (a double fork, a daemon) is re-parented to the guard, not to init, so every process the
   command ever started stays in the guard's process tree, whatever sessions it made;
 * it asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), and the
-  command for SIGKILL when the guard dies;
+  command for SIGKILL when the guard dies; the command's children that are Python programs
+  (torchrun's and deepspeed's workers) ask for SIGKILL when the command dies
+  (:mod:`parsearch.launch.rank_site`), so a guard killed with ``kill -9`` still takes
+  every rank with it;
+* its command line does not name this file (:func:`guard_argv`), so ``pkill -f parsearch``
+  meant for the driver does not kill it before it can clean up;
 * on SIGTERM, SIGINT or SIGHUP (the agent's kill, or the parent's death) it passes the
   signal to every descendant, gives them ``GRACE_S`` to exit, SIGKILLs the rest, and exits
   by the same signal;
@@ -49,9 +54,21 @@ GRACE_S = 0.5  # under the agent's 1 s between SIGTERM and SIGKILL of the rank's
 SIGKILL = 9  # not signal.SIGKILL: importing signal imports enum
 SIGTERM = 15
 STOP_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+# The guarded command's pid, in its environment (see rank_site's sitecustomize).
+LAUNCHER_PID_VAR = "PARSEARCH_GUARDED_PID"
 # The scheduler's warning before the time limit (SIGUSR1) is for the driver, which drains;
 # srun delivers it to every process of the step, so the guard and its command ignore it.
 SIGUSR1 = 10
+
+
+def guard_argv(parent: int) -> list[str]:
+    """The guard's command line, without this file's path in it: ``pkill -f parsearch``
+    meant for the driver must not kill the guard first and leave its ranks unwatched. The
+    source is loaded from its path spelt in hex (``-I``: nothing from the rank's directory
+    or environment can shadow the modules it imports)."""
+    path = os.path.abspath(__file__).encode().hex()
+    boot = f"exec(compile(open(bytes.fromhex('{path}')).read(), 'rank-guard', 'exec'))"
+    return [sys.executable, "-I", "-S", "-c", boot, str(parent)]
 
 
 def guarded(run: NodeRun) -> NodeRun:
@@ -61,8 +78,7 @@ def guarded(run: NodeRun) -> NodeRun:
     Only the command's prefix changes, so the plan's handling of its command is
     unaffected."""
     if not run.forks_warm():
-        guard = [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())]
-        run.command = guard + run.command
+        run.command = guard_argv(os.getpid()) + run.command
     return run
 
 
@@ -177,6 +193,9 @@ def _supervise(parent: int, command: list[str]) -> None:
             _signal.signal(sig, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, STOP_SIGNALS)
         libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+        # The command's own children (torchrun's workers) ask for SIGKILL when it dies,
+        # in rank_site's sitecustomize: a guard killed anyway takes the whole tree along.
+        os.environ[LAUNCHER_PID_VAR] = str(os.getpid())
         try:
             os.execvp(command[0], command)
         except OSError as error:

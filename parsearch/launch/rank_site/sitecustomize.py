@@ -15,6 +15,9 @@ torchrun (and parsearch's node agent) can then name the rank's own error -- ``Ru
   shares the variable failed first, as under the ``deepspeed`` launcher) is left alone;
 * a script that cannot be opened ends before any Python code runs, so it is checked here.
 
+It also makes a direct child of a guarded launcher (torchrun's workers) die with the
+launcher (``PR_SET_PDEATHSIG``), see :mod:`parsearch.launch.guard`.
+
 Only the interpreter's already-loaded modules are used at start-up (``os``, ``sys``); the
 ``sitecustomize`` this file hides, if any further along the path, still runs.
 """
@@ -23,6 +26,7 @@ import os
 import sys
 
 ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
+LAUNCHER_PID_VAR = "PARSEARCH_GUARDED_PID"  # parsearch.launch.guard's
 
 
 def _write_error(message: str, callstack: str) -> None:
@@ -88,7 +92,21 @@ def _run_hidden_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
+def _die_with_launcher() -> None:
+    """A worker of a guarded launcher (torchrun) dies with it: the guard's SIGKILL reaches
+    the launcher alone (``PR_SET_PDEATHSIG`` is per process), and its workers, in sessions
+    of their own, would train on unwatched (see parsearch.launch.guard)."""
+    if os.environ.get(LAUNCHER_PID_VAR) != str(os.getppid()) or sys.platform != "linux":
+        return
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.environ.get(LAUNCHER_PID_VAR) != str(os.getppid()):  # it died meanwhile
+        os._exit(137)
+
+
 _previous_hook = sys.excepthook
+_die_with_launcher()
 if os.environ.get(ERROR_FILE_VAR):
     sys.excepthook = _excepthook
     _check_script()
