@@ -54,12 +54,25 @@ def test_proxy_sizes_are_the_divisors_of_dp_below_it():
     assert proxy_dps(ParallelLayout(tp=1, pp=1, dp=1, mbs=1, gas=1)) == []
 
 
+def hierarchical_allreduce_s(size_bytes: float) -> float:
+    """dp=8 over two nodes of four: reduce-scatter and all-gather among a node's 4 ranks,
+    4 concurrent all-reduces of size/4 across the 2 nodes."""
+    inside = 2 * (3 / 4) * size_bytes / INTRA
+    return inside + ring_allreduce_s(size_bytes / 4, 2, INTER)
+
+
+def optimizer_s(dp: int) -> float:
+    """The step's optimizer work under ZeRO-1 at the default 2 TB/s: Adam and the 16-bit
+    copy on the shard (34 B a parameter), the gradient norm and zeroing on the stage (8 B)."""
+    return (REDUCED_PARAMS / dp * 34 + REDUCED_PARAMS * 8) / 2e12
+
+
 def test_throughput_swaps_the_dp_reduction_and_scales_the_batch():
-    # dp'=2 fits in one node (intra-node ring); dp=8 spans two (inter-node ring).
+    # dp'=2 fits in one node (intra-node ring); dp=8 spans two (hierarchical).
     plan = ProxyPlan(FULL, dp=2, nodes=1)
     grads = REDUCED_PARAMS * 4  # fp32 main gradients
-    full_comm = ring_allreduce_s(grads, 8, INTER)
-    proxy_comm = ring_allreduce_s(grads, 2, INTRA)
+    full_comm = hierarchical_allreduce_s(grads) + optimizer_s(8)
+    proxy_comm = ring_allreduce_s(grads, 2, INTRA) + optimizer_s(2)
     assert proxy_delta(MODEL, plan, ALLOCATION, PLAIN).dp_comm_s == pytest.approx(
         full_comm - proxy_comm
     )
@@ -94,9 +107,12 @@ def test_a_profile_fit_prices_the_full_scale_reduction():
     profile = MachineProfile("m", 2, 4, "bf16", 1e12, collectives=(fit,))
     settings = EstimateSettings(dp_overlap=0.0, collective_latency_s=0.0, machine=profile)
     grads = REDUCED_PARAMS * 4
-    # The probed group is the full one's size: alpha + bytes * beta. The proxy stays inside a
-    # node, which the profile did not probe: the data sheet.
-    expected = 1e-3 + grads * 2e-11 - ring_allreduce_s(grads, 2, INTRA)
+    # Across the nodes, 4 all-reduces of grads/4 over 2 nodes on the probed fit, rescaled from
+    # its group of 8 (latency by ring steps, 2/14; bytes by ring volume, 1/1.75); inside each
+    # node the data sheet. The proxy stays inside a node, which the profile did not probe.
+    across = 1e-3 * 2 / 14 + grads / 4 * 2e-11 / 1.75
+    full = 2 * (3 / 4) * grads / INTRA + across + optimizer_s(8)
+    expected = full - ring_allreduce_s(grads, 2, INTRA) - optimizer_s(2)
     plan = ProxyPlan(FULL, dp=2, nodes=1)
     assert proxy_delta(MODEL, plan, ALLOCATION, settings).dp_comm_s == pytest.approx(expected)
 

@@ -14,6 +14,7 @@ data-sheet bandwidths with measured figures. It ranks layouts and rehearses camp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
@@ -23,6 +24,7 @@ from parsearch.estimate.flops import (
     head_params,
     layer_params,
 )
+from parsearch.estimate.machine import ring_steps, ring_volume
 from parsearch.estimate.memory import (
     _ACTIVATION_BYTES,
     _STATE_BYTES,
@@ -46,7 +48,10 @@ class Prediction:
     tp_comm_s: float
     bubble_s: float
     p2p_s: float
+    # The once-per-step tail: exposed data-parallel traffic, and within it ``optimizer_s``,
+    # the optimizer step and the per-step reductions (:func:`step_fixed_s`).
     dp_comm_s: float
+    optimizer_s: float = 0.0
 
     @property
     def peak_mem_bytes(self) -> float:
@@ -61,21 +66,6 @@ class Prediction:
             "peak_mem_bytes": self.memory.total,
             "fits": self.fits,
         }
-
-
-# Share of the buffer each rank sends, and the number of sequential steps, of a ring
-# algorithm over ``g`` ranks (a send/recv is one transfer of the whole buffer).
-def _ring_volume(op: str, group: int) -> float:
-    if op == "send-recv":
-        return 1.0
-    share = (group - 1) / group
-    return 2 * share if op == "all-reduce" else share
-
-
-def _ring_steps(op: str, group: int) -> float:
-    if op == "send-recv":
-        return 1.0
-    return (2 if op == "all-reduce" else 1) * (group - 1)
 
 
 def collective_s(
@@ -97,11 +87,11 @@ def collective_s(
     machine = settings.machine
     fit = machine.collective(kind, op, group) if machine is not None else None
     if fit is not None:
-        volume = _ring_volume(op, group) / _ring_volume(op, fit.group_size)
-        steps = _ring_steps(op, group) / _ring_steps(op, fit.group_size)
+        volume = ring_volume(op, group) / ring_volume(op, fit.group_size)
+        steps = ring_steps(op, group) / ring_steps(op, fit.group_size)
         return fit.alpha_s * steps + size_bytes * fit.beta_s_per_byte * volume
-    steps = _ring_steps(op, group) / (2 if op == "all-reduce" else 1)
-    return _ring_volume(op, group) * size_bytes / bandwidth + settings.collective_latency_s * steps
+    steps = ring_steps(op, group) / (2 if op == "all-reduce" else 1)
+    return ring_volume(op, group) * size_bytes / bandwidth + settings.collective_latency_s * steps
 
 
 def tp_allreduce_s(
@@ -211,6 +201,86 @@ def stage_compute_s(
     return [per_stage + (logits_s if stage == layout.pp - 1 else 0.0) for stage in range(layout.pp)]
 
 
+def dp_ranks_per_node(layout: ParallelLayout, allocation: AllocationSpec) -> int:
+    """Ranks of one data-parallel group that share a node. Megatron orders ranks TP
+    innermost, then DP: a DP group's ranks are ``tp`` apart, so a node of ``g`` devices holds
+    ``g / tp`` of them (one when TP fills the node)."""
+    per_node = allocation.devices_per_node
+    if layout.tp >= per_node:
+        return 1
+    return max(1, min(layout.dp, per_node // layout.tp))
+
+
+def dp_collective_s(
+    op: str,
+    size_bytes: float,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+    *,
+    hierarchical: bool = True,
+) -> float:
+    """One collective over a data-parallel group of ``layout.dp`` ranks.
+
+    Inside a node: a ring over the node's links. Across nodes with one rank of the group
+    per node: a ring at the per-device network bandwidth. Across nodes with ``g > 1`` ranks
+    of the group per node, those ``g`` ranks share the node's network links, and the
+    collective runs as NCCL and RCCL run it there, hierarchically: an all-reduce is a
+    reduce-scatter inside each node, ``g`` concurrent all-reduces of ``size/g`` across the
+    nodes (one per device, each on its own share of the node's links), and an all-gather
+    inside the node; an all-gather or a reduce-scatter is the across-nodes step on ``size/g``
+    and the inside-node step on ``size``. Each device then sends ``1/g`` of what a flat
+    ring at the per-device bandwidth would (``hierarchical=False``: the flat ring)."""
+    tp, dp = layout.tp, layout.dp
+    if dp <= 1:
+        return 0.0
+    intra = allocation.intra_node_bandwidth_bytes_per_s
+    inter = allocation.inter_node_bandwidth_bytes_per_s
+    if tp * dp <= allocation.devices_per_node:
+        return collective_s(op, size_bytes, dp, "dp-intra-node", intra, settings)
+    g = dp_ranks_per_node(layout, allocation)
+    if g == 1 or not hierarchical:
+        return collective_s(op, size_bytes, dp, "dp-across-nodes", inter, settings)
+    nodes = dp // g
+    across = collective_s(op, size_bytes / g, nodes, "dp-across-nodes", inter, settings)
+    if op == "all-reduce":
+        inside = collective_s("reduce-scatter", size_bytes, g, "dp-intra-node", intra, settings)
+        inside += collective_s("all-gather", size_bytes, g, "dp-intra-node", intra, settings)
+    else:
+        inside = collective_s(op, size_bytes, g, "dp-intra-node", intra, settings)
+    return across + inside
+
+
+# DeepSpeed's ZeRO-3 defaults: parameters below this many elements stay whole on every
+# rank (``stage3_param_persistence_threshold``), never gathered.
+ZERO3_PERSISTENCE_THRESHOLD = 1e5
+
+
+def zero3_gathered_modules(model: ModelSpec, tp: int) -> list[float]:
+    """Parameters of each module ZeRO-3 gathers in one layer, per TP rank: every linear
+    layer is fetched on its own (its weight and bias in one all-gather); the norms, under
+    DeepSpeed's persistence threshold, are never gathered."""
+    h, f = model.hidden_size, model.ffn
+    kv = model.kv_heads * model.head_dim
+    bias = 1 if model.arch == "gpt" else 0
+    modules = [
+        (h + 2 * kv) * (h + bias),  # QKV
+        h * (h + bias),  # attention output
+        f * (h + bias),  # MLP up
+    ]
+    if model.arch == "llama":
+        modules.append(f * h)  # SwiGLU's gate
+    modules.append(h * (f + bias))  # MLP down
+    return [params / tp for params in modules if params / tp >= ZERO3_PERSISTENCE_THRESHOLD]
+
+
+def zero3_passes(layout: ParallelLayout) -> int:
+    """How many times ZeRO-3 gathers a layer's weights per micro-batch: for the forward,
+    for the backward, and, with full recompute, once more for the recomputed forward
+    (released after each forward, they are fetched again for the next)."""
+    return 3 if layout.recompute == "full" else 2
+
+
 def _dp_exposed_s(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -222,43 +292,80 @@ def _dp_exposed_s(
 
     Plain DP and ZeRO-1/2 reduce the gradients once per step (an all-reduce, or a
     reduce-scatter then an all-gather of the updated weights: the same bytes), behind the
-    last micro-batch's backward. ZeRO-3 gathers the weights for every micro-batch's forward
-    and again for its backward and reduce-scatters its gradients, behind that micro-batch's
-    compute. Either hides at most ``dp_overlap`` of the traffic and never more than the
-    compute it runs behind.
+    last micro-batch's backward, hierarchically where ranks of the group share a node.
+    ZeRO-3 gathers every linear layer's weights for each forward and backward of every
+    micro-batch (:func:`zero3_passes`), one all-gather per module
+    (:func:`zero3_gathered_modules`), and reduce-scatters the gradients, behind that
+    micro-batch's compute. Either hides at most ``dp_overlap`` of the traffic and never
+    more than the compute it runs behind.
     """
-    tp, dp = layout.tp, layout.dp
-    if dp <= 1:
+    if layout.dp <= 1:
         return 0.0
-    per_node = allocation.devices_per_node
-    across = tp * dp > per_node
-    kind = "dp-across-nodes" if across else "dp-intra-node"
-    bandwidth = (
-        allocation.inter_node_bandwidth_bytes_per_s
-        if across
-        else allocation.intra_node_bandwidth_bytes_per_s
-    )
+    tp = layout.tp
     stage_params = model.num_layers // layout.pp * layer_params(model) / tp
     stage_params += max(embedding_params(model), head_params(model)) / tp / layout.pp
     weight_b, grad_b, _ = _STATE_BYTES[settings.precision]
     if layout.zero_stage >= 3:
-        # One gather / reduce-scatter per layer (the unit ZeRO-3 fetches), each paying the
-        # ring's latency, plus one for the embedding or output layer.
         layers = model.num_layers // layout.pp
-        pieces = [layer_params(model) / tp] * layers + [
-            stage_params - layers * layer_params(model) / tp
-        ]
+        # One gather per layer (the modules of a layer go out back to back, so their rings'
+        # latencies overlap), plus one for the stage's embedding or output layer.
+        outer = stage_params - layers * layer_params(model) / tp
         traffic = 0.0
-        for params in pieces:
+        for params in [*[layer_params(model) / tp] * layers, outer]:
             size = params * weight_b
-            traffic += 2 * collective_s("all-gather", size, dp, kind, bandwidth, settings)
-            traffic += collective_s("reduce-scatter", size, dp, kind, bandwidth, settings)
+            # DeepSpeed gathers on the flat data-parallel communicator, a module at a time.
+            gather = dp_collective_s(
+                "all-gather", size, layout, allocation, settings, hierarchical=False
+            )
+            traffic += zero3_passes(layout) * gather
+            traffic += dp_collective_s(
+                "reduce-scatter", size, layout, allocation, settings, hierarchical=False
+            )
         hidden = settings.dp_overlap * min(traffic, slot_compute)
         return layout.gas * (traffic - hidden)
     # The gradients are reduced in the precision they are accumulated in (fp32 main grads).
-    traffic = collective_s("all-reduce", stage_params * grad_b, dp, kind, bandwidth, settings)
+    traffic = dp_collective_s("all-reduce", stage_params * grad_b, layout, allocation, settings)
     backward = slot_compute * 2 / 3
     return traffic - settings.dp_overlap * min(traffic, backward)
+
+
+def memory_bandwidth(allocation: AllocationSpec, settings: EstimateSettings) -> float:
+    """What a streaming kernel reaches: a profile's figure, else the allocation's."""
+    machine = settings.machine
+    if machine is not None and machine.memory_bandwidth_bytes_per_s:
+        return machine.memory_bandwidth_bytes_per_s
+    return allocation.memory_bandwidth_bytes_per_s
+
+
+# Bytes the optimizer step streams per parameter (Megatron-LM's mixed-precision Adam:
+# fp32 main gradients, fp32 master weights and two moments): the gradient norm reads each
+# gradient (4), the fused Adam reads weight, gradient and moments and writes weight and
+# moments (16 + 12), the 16-bit copy reads the master and writes the model weight (4 + 2),
+# and the gradient buffer is zeroed for the next step (4). The built-in trainer (torch's
+# AdamW on fp32 weights) streams the Adam part only.
+_OPTIMIZER_BYTES = {"megatron": {"shard": 34, "local": 8}, "torch": {"shard": 28, "local": 0}}
+
+
+def step_fixed_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """The once-per-step work after the last micro-batch: the optimizer step over the
+    rank's shard of the optimizer state (memory-bound, at :func:`memory_bandwidth`),
+    gradient zeroing and norm over its local gradients, and the small all-reduces of the
+    loss and the gradient norm over every rank (latency-bound: a tree's ``2·log2(world)``
+    hops each)."""
+    stage_params = model.num_layers // layout.pp * layer_params(model) / layout.tp
+    stage_params += max(embedding_params(model), head_params(model)) / layout.tp / layout.pp
+    shard = stage_params / (layout.dp if layout.zero_stage >= 1 else 1)
+    per_param = _OPTIMIZER_BYTES[settings.framework]
+    streamed = shard * per_param["shard"] + stage_params * per_param["local"]
+    hops = 2 * math.ceil(math.log2(layout.world_size)) if layout.world_size > 1 else 0
+    return (
+        streamed / memory_bandwidth(allocation, settings) + 2 * hops * settings.collective_latency_s
+    )
 
 
 def _compute_share(
@@ -270,6 +377,20 @@ def _compute_share(
         return 1.0
     ranks_per_node = min(allocation.devices_per_node, layout.world_size)
     return settings.machine.compute_share(ranks_per_node)
+
+
+def bubble_in_slots(stage_slots: list[float], vpp: int = 1) -> float:
+    """The pipeline's fill and drain, in slots of its slowest stage.
+
+    Under 1F1B each micro-batch but one waits on the slowest stage, and the first and last
+    pass once through every other stage: the step is ``(m - 1)·max + sum`` of the stage
+    slots, so the bubble is the *other* stages' slots, ``(sum - max) / max`` slowest-stage
+    slots (``(p - 1)`` when the stages are alike), each ``1/vpp`` long when interleaved. A
+    last stage made slower by the logits thus no longer paces the fill and drain."""
+    slowest = max(stage_slots)
+    if slowest <= 0:
+        return (len(stage_slots) - 1) / vpp
+    return (sum(stage_slots) - slowest) / slowest / vpp
 
 
 def pipeline_slots(microbatches: int, bubble_slots: float, share: float) -> float:
@@ -312,13 +433,14 @@ def predict(
     )
     compute_slot = max(stages)
     slot = compute_slot + tp_slot
-    bubble_slots = (pp - 1) / vpp
+    bubble_slots = bubble_in_slots([stage + tp_slot for stage in stages], vpp)
     p2p = 0.0
     if pp > 1:
         p2p_bytes = activation_bytes / (tp if layout.sequence_parallel else 1)
         transfer = collective_s("send-recv", p2p_bytes, 2, "pp-p2p", pp_bw, settings)
         p2p = 2 * (microbatches + pp - 1) * vpp * transfer
-    dp_exposed = _dp_exposed_s(model, layout, allocation, settings, compute_slot)
+    fixed = step_fixed_s(model, layout, allocation, settings)
+    dp_exposed = _dp_exposed_s(model, layout, allocation, settings, compute_slot) + fixed
 
     pipeline = pipeline_slots(
         microbatches, bubble_slots, _compute_share(layout, allocation, settings)
@@ -339,4 +461,5 @@ def predict(
         bubble_s=(pipeline - microbatches) * slot,
         p2p_s=p2p,
         dp_comm_s=dp_exposed,
+        optimizer_s=fixed,
     )
