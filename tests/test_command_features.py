@@ -380,3 +380,31 @@ def test_a_dry_run_prints_command_metrics_state_and_log_and_stores_nothing(tmp_p
     bad = dry("tp2 mbs3")
     assert bad.returncode == 2 and "--layout" in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["program.py", "space.yaml"]
+
+
+# --- launch arithmetic ------------------------------------------------------------------
+
+# nanoGPT's train.py: gradient_accumulation_steps is the total over the DDP ranks, divided
+# by the world size inside; it reports the global batch (sequences per step) it ran.
+NANOGPT_BATCH = """
+import json, sys
+total_gas, mbs, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+gas = total_gas // world
+print(json.dumps({"world_size": world, "global_batch": mbs * gas * world}))
+print(json.dumps({"tokens_per_s": 1000.0}))
+"""
+
+
+@pytest.mark.parametrize("passed, ok", [("{gas_times_dp}", True), ("{gas}", False)])
+def test_the_batch_a_program_reports_is_checked_against_the_layout(tmp_path, passed, ok):
+    program = tmp_path / "nanogpt_batch.py"
+    program.write_text(NANOGPT_BATCH)
+    section = trainer(tmp_path, [], launch="single")
+    section["command"] = [sys.executable, str(program), passed, "{mbs}", "{dp}"]
+    result, _ = run(spec(validate_section(section, "t"), dp=2, mbs=2), tmp_path)  # gas 2
+    if ok:
+        assert result.ok, result.error
+        return
+    assert result.status is TrialState.ERROR
+    assert "reports global batch size 4 but the layout" in result.error
+    assert "has global batch size 8" in result.error
