@@ -265,6 +265,15 @@ def test_per_step_loss_next_to_a_summary_rate(tmp_path):
     assert result.metrics["loss"] == pytest.approx(3.7)
 
 
+def test_a_log_where_only_the_memory_pattern_matched_says_so(tmp_path):
+    patterns = {"step_time_s": r"step took ([0-9.]+) s", "peak_mem_bytes": r"peak (\d+) B"}
+    result, _ = run(spec(regex_trainer(tmp_path, ["peak 1000 B"], patterns)), tmp_path)
+    assert result.status is TrialState.ERROR
+    assert "only peak memory was found in rank0.log" in result.error
+    assert "the patterns of step_time_s matched no line" in result.error
+    assert "no regex metric lines" not in result.error
+
+
 def test_steps_per_second_and_a_scale_with_placeholders(tmp_path):
     lines = ["it/s 1.0", "it/s 2.0", "it/s 2.5", "it/s 3.5", "rate 100"]
     by_steps = regex_trainer(tmp_path, lines, {"steps_per_s": r"it/s ([0-9.]+)"})

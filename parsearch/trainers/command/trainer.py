@@ -51,7 +51,12 @@ from parsearch.launch.process import MEASURED_RSS, NodeRun, read_tail
 from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
-from parsearch.trainers.command.parsers.regex import compile_patterns, resolve_scale, scale_factors
+from parsearch.trainers.command.parsers.regex import (
+    TIMING_METRICS,
+    compile_patterns,
+    resolve_scale,
+    scale_factors,
+)
 from parsearch.trainers.command.summary import NoMeasurement, summarize
 from parsearch.trainers.command.template import (
     HOSTFILE,
@@ -464,6 +469,13 @@ class CommandNode:
         if chosen is None:
             logs = ", ".join(log.name for _, log, _ in scans)
             reason = f"no {section['parser']} metric lines in {logs}"
+            if memory.peak_mem_bytes is not None:  # the memory pattern matched, timing did not
+                timing = sorted(set(section.get("patterns") or {}) & set(TIMING_METRICS))
+                what = f"the patterns of {', '.join(timing)}" if timing else "its metric lines"
+                reason = (
+                    f"only peak memory was found in {logs}: {what} matched no line "
+                    f"(parser {section['parser']})"
+                )
             return _memory_metrics(memory), reason, None
         rank, log, scan = chosen
         scan.add_memory(memory.peak_mem_bytes, memory.peak_reserved_bytes)
