@@ -76,3 +76,16 @@ def test_the_local_backend_names_this_host_for_every_node(tmp_path):
     assert (tmp_path / "t1" / "hosts").read_text() == f"{host}\n{host}\n"
     assert f"hosts={host},{host}" in (tmp_path / "t1" / "rank0.log").read_text()
     assert Path(tmp_path / "t1" / "rank1.log").exists()
+
+
+def test_a_single_trial_on_this_machine_names_this_host_as_a_campaign_would(tmp_path):
+    """``parsearch trial`` places its nodes on the loopback rendezvous without hosts."""
+    from parsearch.launch.placement import NodePlacement
+    from parsearch.launch.process import run_local
+    from parsearch.trainers import plan_node
+
+    host = socket.gethostname()
+    assert NodePlacement(spec(2), 0, 2, "127.0.0.1", 1, tmp_path).hosts == (host, host)
+    run_local(spec(1), plan_node, tmp_path / "t1")
+    assert (tmp_path / "t1" / "hosts").read_text() == f"{host}\n"
+    assert f"hosts={host}\n" in (tmp_path / "t1" / "rank0.log").read_text()

@@ -3,6 +3,7 @@ and to the node agent, instead of the same arguments passed through every layer.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from parsearch.tempdirs import owned_path
 from parsearch.trial import TrialSpec
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,9 @@ class NodePlacement:
     ``env``: the backend's own variables for the node's processes (e.g. a local slot's
     devices), which win over a trainer's; ``grace_s``: how long the other ranks may keep
     running after one failed; ``hosts``: the trial's nodes, node 0 first, where the backend
-    knows them (a command trainer's ``{hosts}`` and ``{hostfile}``)."""
+    knows them (a command trainer's ``{hosts}`` and ``{hostfile}``); with a rendezvous on
+    the loopback address every node runs on this host, so that is the default there (a
+    single ``parsearch trial`` writes the host file a campaign would)."""
 
     spec: TrialSpec
     node_rank: int
@@ -35,7 +40,10 @@ class NodePlacement:
     def __post_init__(self) -> None:
         object.__setattr__(self, "trial_dir", Path(self.trial_dir))
         object.__setattr__(self, "env", dict(self.env))
-        object.__setattr__(self, "hosts", tuple(self.hosts))
+        hosts = tuple(self.hosts)
+        if not hosts and self.master_addr in LOOPBACK:  # every node of the trial runs here
+            hosts = (socket.gethostname(),) * self.nnodes
+        object.__setattr__(self, "hosts", hosts)
 
     @cached_property
     def scratch_dir(self) -> Path:
