@@ -4,6 +4,7 @@ results, the memory wall, hung and failing ranks, and no process left behind."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -88,7 +89,8 @@ def test_memory_cap_below_the_need_is_oom(tmp_path):
     assert result.status is TrialState.OOM
     assert result.metrics["peak_mem_bytes"] > 1_000_000
     assert len(result.metrics["losses"]) == spec.trainer["warmup_steps"]
-    assert "exceeds the cap" in result.error
+    assert "exceeds the cap of 977 KiB" in result.error  # in binary units, not raw bytes
+    assert not re.search(r"\d{4,} ?B\b", result.error), result.error
     assert child_pids_alive(run.pids) == []
 
 

@@ -49,6 +49,7 @@ from parsearch.trainers.builtin.parallelize import (
 )
 from parsearch.trainers.builtin.settings import TrainerSettings
 from parsearch.trial import TrialSpec
+from parsearch.units import format_bytes
 
 
 def resolve_device(settings: TrainerSettings, spec: TrialSpec, env: RankEnv) -> torch.device:
@@ -341,7 +342,8 @@ def _report(
         return TrialResult(
             status=run.status,
             metrics=metrics,
-            error=f"measured peak {metrics['peak_mem_bytes']} B exceeds the cap of {cap} B",
+            error=f"measured peak {_size(metrics['peak_mem_bytes'])} per rank exceeds the cap "
+            f"of {_size(cap)}",
         )
     measured = step_times.tolist()[settings.warmup_steps :]
     step_time = statistics.median(measured)
@@ -359,3 +361,8 @@ def _report(
         "mfu": tflops * 1e12 / spec.allocation.peak_flops_per_device,
     }
     return TrialResult(status=TrialState.OK, metrics=metrics)
+
+
+def _size(value: float | None) -> str:
+    """A size in an OOM reason: ``24.6 MiB`` (the exact bytes are in the metrics)."""
+    return "?" if value is None else format_bytes(value)
