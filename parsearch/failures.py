@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.result import TrialState
+from parsearch.sanitize import shown, shown_line
 from parsearch.store import TrialRecord
 
 FAILURE_STATES = (TrialState.OOM, TrialState.ERROR, TrialState.TIMEOUT, TrialState.INFEASIBLE)
@@ -45,12 +46,14 @@ def last_exception(log_tail: str) -> str | None:
 
 def failure_reason(error: str | None, log_tail: str) -> str:
     """The stored error, with the log's last exception when the error only says how a
-    process ended; cut to ``REASON_CHARS``."""
+    process ended; on one line, made safe to show (:mod:`parsearch.sanitize`), cut to
+    ``REASON_CHARS``."""
     reason = error or "no reason recorded"
     if error is None or _EXIT_ONLY.search(error):
-        exception = last_exception(log_tail or "")
+        exception = last_exception(shown(log_tail))  # a colour code must not hide it
         if exception and exception not in reason:
             reason = f"{reason}: {exception}" if error else exception
+    reason = shown_line(reason)  # a trainer's text: no escape sequence reaches a terminal
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
 
 

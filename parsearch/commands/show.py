@@ -20,6 +20,7 @@ from parsearch.errors import ParsearchError
 from parsearch.failures import failure_reason
 from parsearch.formats import trial_document
 from parsearch.query import open_campaign
+from parsearch.sanitize import shown
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, TrialRecord, fidelity_note
 from parsearch.trial import TrialSpec
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(json.dumps(document, indent=2))
     else:
-        print(render_text(record, campaign, command, args.lines))
+        print(shown(render_text(record, campaign, command, args.lines)))
     return 0
 
 

@@ -12,6 +12,7 @@ from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size, positive_int
 from parsearch.formats import trial_document
 from parsearch.query import open_campaign
+from parsearch.sanitize import shown
 from parsearch.store import Campaign, TrialRecord
 from parsearch.units import format_bytes
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             writer.writeheader()
             writer.writerows(rows)
     else:
-        print(_table(records, campaign))
+        print(shown(_table(records, campaign)))
     return 0
 
 

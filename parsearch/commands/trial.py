@@ -29,6 +29,7 @@ from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import free_port, run_together
 from parsearch.plausible import checked
 from parsearch.result import TrialResult
+from parsearch.sanitize import shown
 from parsearch.search.candidates import layout_problems, raw_layout
 from parsearch.space import SearchSpace, load_space
 from parsearch.trainers import merge_results, node_run
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
             peak_flops_per_device=space.allocation.peak_flops_per_device,
             tokens_per_step=layout.global_batch * space.model.seq_length,
         )
-        print(render(layout, spec, result, commands, trial_dir if keep else None, args.lines))
+        text = render(layout, spec, result, commands, trial_dir if keep else None, args.lines)
+        print(shown(text))  # the trainer's log tail and error: no escape sequences
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
