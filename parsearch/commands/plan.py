@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         "feasible": len(plan.feasible),
     }
     if args.format == "json":
-        json.dump({"space": space.name, "counts": counts, "top": rows}, sys.stdout, indent=2)
+        data = {"space": space.name, "machine": profile_summary(space), "counts": counts}
+        json.dump({**data, "top": rows}, sys.stdout, indent=2)
         print()
     elif args.format == "csv":
         if rows:
@@ -83,6 +84,37 @@ def print_trainer_advice(space: Any) -> None:
         print(f"warning: {note}", file=sys.stderr)
 
 
+def profile_summary(space: Any) -> dict[str, Any] | None:
+    """The machine profile the estimate used: its name, file, and where its figures came
+    from (``None``: the space's data-sheet constants)."""
+    profile = space.estimate.machine
+    if profile is None:
+        return None
+    return {
+        "name": profile.name,
+        "path": profile.path,
+        "device": profile.device,
+        "compute_efficiency": space.estimate.compute_efficiency,
+        "gemm_half_efficiency_elements": space.estimate.gemm_half_efficiency_elements,
+        "sources": list(profile.sources),
+    }
+
+
+def _print_profile(space: Any) -> None:
+    summary = profile_summary(space)
+    if summary is None:
+        print("  machine: no profile, the space's data-sheet constants")
+        return
+    what = f": {summary['device']}" if summary["device"] else ""
+    print(f"  machine profile {summary['name']} ({summary['path']}){what}")
+    print(
+        f"    GEMM curve: up to {summary['compute_efficiency']:.1%} of peak, half of that at "
+        f"{summary['gemm_half_efficiency_elements']:.3g} output elements"
+    )
+    for line in summary["sources"]:
+        print(f"    source: {line}")
+
+
 def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list[dict]) -> None:
     model, alloc = space.model, space.allocation
     print(f"space {space.name} ({space.source})")
@@ -95,6 +127,7 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
         f"{count_of(alloc.devices_per_node, 'device')} = "
         f"{space.world_size}, {format_bytes(space.memory_limit_bytes)} per device"
     )
+    _print_profile(space)
     print(
         f"layouts: {counts['total']} total, {counts['not_dividing']} do not divide, "
         f"{counts['excluded']} excluded by the space's rules, "

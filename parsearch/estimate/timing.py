@@ -176,6 +176,31 @@ def unfused_softmax_bytes(
     return scores * (forwards * forward + backward)
 
 
+def elementwise_bytes(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Memory traffic of one layer's element-wise work for one micro-batch on one TP rank:
+    the two norms, the two bias-dropout-residual adds and the MLP's activation, forward and
+    backward (and forward again under full recompute), each reading and writing its
+    tensors once (Megatron's fused kernels). Per token, the norms and adds move
+    ``10·e + 2·mask`` bytes of each hidden element each way (``e`` bytes an activation, a
+    1-byte dropout mask), replicated over TP unless sequence parallel; the activation moves
+    ``2e`` (GELU) or ``3e`` (SwiGLU) bytes of each FFN element forward and ``3e`` or ``5e``
+    backward, split over TP. Timed at the memory bandwidth when a device profile gives one
+    (the default compute efficiency, calibrated end to end, already absorbs it)."""
+    e = _ACTIVATION_BYTES[settings.precision]
+    mask = 1 if settings.dropout else 0
+    tokens = layout.mbs * model.seq_length
+    forwards = 2 if layout.recompute == "full" else 1
+    replicated = (forwards + 1) * (10 * e + 2 * mask) * model.hidden_size
+    if layout.sequence_parallel:
+        replicated /= layout.tp
+    swiglu = model.arch == "llama"
+    activation = forwards * (3 if swiglu else 2) * e + (5 if swiglu else 3) * e
+    sharded = activation * model.ffn / layout.tp
+    return tokens * (replicated + sharded)
+
+
 def stage_compute_s(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -194,8 +219,13 @@ def stage_compute_s(
     layer_s += per_mb["attention"] / layers / t / (peak * attention_eff)
     logits_s = per_mb["logits"] / t / (peak * logits_eff)
     if not settings.flash_attention:
-        layer_s += unfused_softmax_bytes(model, layout, settings) / (
-            allocation.memory_bandwidth_bytes_per_s
+        layer_s += unfused_softmax_bytes(model, layout, settings) / memory_bandwidth(
+            allocation, settings
+        )
+    machine = settings.machine
+    if machine is not None and machine.memory_bandwidth_bytes_per_s:
+        layer_s += elementwise_bytes(model, layout, settings) / memory_bandwidth(
+            allocation, settings
         )
     per_stage = layers // layout.pp * layer_s
     return [per_stage + (logits_s if stage == layout.pp - 1 else 0.0) for stage in range(layout.pp)]
