@@ -99,6 +99,12 @@ DEFAULT_TRIAL_TIMEOUT_S = 600.0
 MAX_INT = 10**12
 MAX_CANDIDATES = 4096
 MAX_POINTS = 10**6
+# Bounds from the memory that per-node and per-device bookkeeping takes: the simulate
+# backend holds every node of every slot (~40 B each), a trial's host list and host file a
+# line per node, a node agent a process per device. 10^6 nodes (100x today's largest
+# machines) is ~40 MB a slot; a billion would need tens of GB before the first trial.
+MAX_NODES = 10**6
+MAX_DEVICES_PER_NODE = 2**16
 
 
 @dataclass(frozen=True)
@@ -403,11 +409,10 @@ class _Reader:
                 raise self.error(_join(where, key), "is required but missing")
         return value
 
-    def positive_int(self, value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
-            raise self.error(
-                where, f"must be a positive integer up to {MAX_INT:.0e}, got {value!r}"
-            )
+    def positive_int(self, value: Any, where: str, most: int = MAX_INT) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            shown = f"{most:.0e}" if most >= 10**7 else f"{most}"
+            raise self.error(where, f"must be a positive integer in [1, {shown}], got {value!r}")
         return value
 
     def positive_number(self, value: Any, where: str) -> float:
@@ -463,9 +468,9 @@ class _Reader:
         if device not in ("cuda", "cpu"):
             raise self.error("allocation.device", f"must be 'cuda' or 'cpu', got {device!r}")
         kwargs: dict[str, Any] = {
-            "nodes": self.positive_int(data["nodes"], "allocation.nodes"),
+            "nodes": self.positive_int(data["nodes"], "allocation.nodes", MAX_NODES),
             "devices_per_node": self.positive_int(
-                data["devices_per_node"], "allocation.devices_per_node"
+                data["devices_per_node"], "allocation.devices_per_node", MAX_DEVICES_PER_NODE
             ),
             "device_memory_bytes": self.size(data["device_memory"], "allocation.device_memory"),
             "peak_flops_per_device": 1e12

@@ -188,3 +188,63 @@ def test_any_bytes_load_or_are_refused_naming_the_file(tmp_path, data):
         load_space(path)
     except SpaceError as error:
         assert str(path) in str(error)
+
+
+# -- Issue 29: sizes bounded by the memory their bookkeeping takes, checked before it is made. --
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        (
+            "nodes",
+            10**9,
+            "allocation.nodes': must be a positive integer in [1, 1000000], got 1000000000",
+        ),
+        ("nodes", 10**6 + 1, "allocation.nodes"),
+        (
+            "devices_per_node",
+            10**9,
+            "allocation.devices_per_node': must be a positive integer in [1, 65536]",
+        ),
+    ],
+)
+def test_an_allocation_beyond_what_bookkeeping_can_hold_exits_2(
+    tmp_path, capsys, field, value, named
+):
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(_with(["allocation", field], value)))
+    for argv in (
+        ["plan", str(path)],
+        [
+            "run",
+            str(path),
+            "--store",
+            str(tmp_path / "s.db"),
+            "--backend",
+            "simulate",
+            "--budget",
+            "1",
+            "--quiet",
+        ],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert named in err and "Traceback" not in err
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.e2e
+def test_simulated_slots_times_nodes_are_bounded_before_allocating(tmp_path, capsys):
+    """A million nodes is a valid allocation; 100 000 simulated slots of it (10^11 nodes to
+    keep track of) is refused naming --slots and its range, not a MemoryError."""
+    space = yaml.safe_load((ROOT / "search_spaces" / "gpt-175b-frontier.yaml").read_text())
+    space["allocation"]["nodes"] = 10**6
+    space["estimate"].pop("machine", None)
+    path = tmp_path / "million.yaml"
+    path.write_text(yaml.safe_dump(space))
+    db = tmp_path / "s.db"
+    argv = ["run", str(path), "--store", str(db), "--backend", "simulate", "--quiet"]
+    assert main([*argv, "--slots", "100000", "--budget", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--slots must lie in [1, 10]" in err and "Traceback" not in err

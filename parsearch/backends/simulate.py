@@ -234,6 +234,19 @@ class SimulateBackend:
         return {"slots": self._slots, **self.settings.to_dict()}
 
 
+# The simulated nodes the backend keeps track of (each slot's allocation, ~40 B a node),
+# checked before the lists are made: 10^7 is ~400 MB.
+MAX_SIMULATED_NODES = 10**7
+
+
 def create(space: SearchSpace, *, slots: int | None, options: Mapping[str, str]) -> SimulateBackend:
     """The simulate backend; ``slots`` defaults to 1."""
-    return SimulateBackend(space, SimulateSettings.from_options(options), slots or 1)
+    slots = slots or 1
+    if slots * space.allocation.nodes > MAX_SIMULATED_NODES:
+        raise BackendOptionError(
+            f"simulate backend: --slots {slots} x allocation.nodes {space.allocation.nodes} "
+            f"is {slots * space.allocation.nodes} simulated nodes, more than the "
+            f"{MAX_SIMULATED_NODES} it can keep track of: --slots must lie in "
+            f"[1, {max(1, MAX_SIMULATED_NODES // space.allocation.nodes)}] for this space"
+        )
+    return SimulateBackend(space, SimulateSettings.from_options(options), slots)
