@@ -131,3 +131,32 @@ def test_a_gemm_curve_fits_benchmarked_shapes():
 
     cap, fitted = fit_gemm_curve((on_curve(1024, 1024), on_curve(8192, 8192)), peak, half)
     assert cap == pytest.approx(0.9) and fitted == pytest.approx(2.0**20)
+
+
+def test_a_device_profile_times_the_element_wise_work_at_its_memory_bandwidth():
+    from parsearch.estimate.machine import MachineProfile
+    from parsearch.estimate.timing import elementwise_bytes
+
+    layout = ParallelLayout(tp=2, pp=1, dp=1, mbs=2, gas=1)
+    settings = EstimateSettings(dropout=True)
+    tokens, h, f = 2 * 1024, 1024, 4096
+    # Norms and adds: (10·2 + 2·1) bytes of each hidden element, forward and backward,
+    # replicated over TP; GELU: 2·2 bytes of each FFN element forward, 3·2 backward, split.
+    expected = tokens * (2 * 22 * h + (4 + 6) * f / 2)
+    assert elementwise_bytes(SMALL, layout, settings) == pytest.approx(expected)
+    # Full recompute runs the forward again; sequence parallel splits the replicated part.
+    again = ParallelLayout(tp=2, pp=1, dp=1, mbs=2, gas=1, recompute="full")
+    assert elementwise_bytes(SMALL, again, settings) == pytest.approx(
+        tokens * (3 * 22 * h + (8 + 6) * f / 2)
+    )
+    split = ParallelLayout(tp=2, pp=1, dp=1, mbs=2, gas=1, sequence_parallel=True)
+    assert elementwise_bytes(SMALL, split, settings) == pytest.approx(
+        tokens * (2 * 22 * h / 2 + 10 * f / 2)
+    )
+    one_node = AllocationSpec(**{**DGX.__dict__, "nodes": 1})
+    profile = MachineProfile("m", None, 8, "bf16", 312e12, memory_bandwidth_bytes_per_s=1e12)
+    plain = stage_compute_s(SMALL, layout, one_node, settings)[0]
+    profiled = stage_compute_s(
+        SMALL, layout, one_node, EstimateSettings(dropout=True, machine=profile)
+    )[0]
+    assert profiled - plain == pytest.approx(4 * expected / 1e12)  # 4 layers, 1 TB/s

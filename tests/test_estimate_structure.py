@@ -59,7 +59,18 @@ def test_zero3_holds_gathered_and_prefetched_layers():
     (capped,) = memory_by_stage(
         big, ParallelLayout(1, 1, 8, 1, 1, zero_stage=3), EstimateSettings()
     )
-    assert capped.workspace == pytest.approx((1e9 + 5e8) * 2)  # live-parameter and bucket caps
+    # The live-parameter and bucket caps (1e9, 5e8) are below the largest weight, an MLP
+    # matrix of h·4h = 1.68e9 parameters, gathered whole and its gradient produced whole.
+    largest = 20480 * 4 * 20480
+    assert capped.workspace == pytest.approx((largest + largest) * 2)
+    medium = ModelSpec(
+        num_layers=2, hidden_size=8192, num_heads=64, vocab_size=51200, seq_length=2048
+    )
+    (mid,) = memory_by_stage(
+        medium, ParallelLayout(1, 1, 8, 1, 1, zero_stage=3), EstimateSettings()
+    )
+    # Two layers (2 x 8.05e8) exceed the live cap, the largest weight (2.7e8) does not.
+    assert mid.workspace == pytest.approx((1e9 + 5e8) * 2)
 
 
 def test_last_stage_runs_the_logits_and_sets_the_pace():

@@ -195,16 +195,27 @@ ZERO3_MAX_LIVE_PARAMS = 1e9
 ZERO3_REDUCE_BUCKET = 5e8
 
 
+def largest_linear_params(model: ModelSpec, tp: int) -> float:
+    """The largest single weight of a layer on one TP rank (an MLP matrix, ``h·ffn/t``):
+    ZeRO-3 gathers a module's weight whole and produces its gradient whole, whatever its
+    limits say."""
+    return model.hidden_size * model.ffn / tp
+
+
 def zero3_buffer_bytes(
     model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
 ) -> float:
-    """ZeRO-3's transient full-size copies: the layer being computed and the one prefetched
-    behind it, gathered in the weights' precision (at most DeepSpeed's live-parameter limit),
-    and a gradient bucket (at most one layer) before its reduce-scatter."""
+    """ZeRO-3's transient full-size copies, in the weights' precision: the layer being
+    computed and the one prefetched behind it (at most DeepSpeed's live-parameter limit,
+    but never less than the largest weight, which is gathered whole), and the gradients
+    waiting for their reduce-scatter (a bucket of at most one layer, but never less than
+    the largest weight's gradient, produced whole by its matmul's backward)."""
     weight_b = _STATE_BYTES[settings.precision][0]
     layer = layer_params(model) / layout.tp
-    gathered = min(2 * layer, ZERO3_MAX_LIVE_PARAMS)
-    return (gathered + min(layer, ZERO3_REDUCE_BUCKET)) * weight_b
+    largest = largest_linear_params(model, layout.tp)
+    gathered = max(min(2 * layer, ZERO3_MAX_LIVE_PARAMS), largest)
+    bucket = max(min(layer, ZERO3_REDUCE_BUCKET), largest)
+    return (gathered + bucket) * weight_b
 
 
 def _with_baseline(estimate: MemoryEstimate, settings: EstimateSettings) -> MemoryEstimate:
