@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,35 @@ class CampaignProgress:
         return silent is not None and silent > timeout
 
     @property
+    def driver_gone(self) -> bool:
+        """Whether the campaign is marked running but no live driver runs it: no driver
+        holds its lease, the holder's heartbeat is older than its lease timeout, or the
+        holder's process is gone from this host (``kill -9``: seen at once, not after the
+        timeout)."""
+        if self.campaign.status is not CampaignStatus.RUNNING:
+            return False
+        if self.driver is None or self.driver_stale:
+            return True
+        return self.driver.host == socket.gethostname() and not _process_exists(self.driver.pid)
+
+    @property
+    def live(self) -> bool:
+        """Whether a driver runs the campaign now."""
+        return self.campaign.status is CampaignStatus.RUNNING and not self.driver_gone
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why a finished campaign ended before its budget (``None`` when it reached it)."""
+        campaign = self.campaign
+        if campaign.status is not CampaignStatus.FINISHED or not campaign.budget:
+            return None
+        if self.finished >= campaign.budget:
+            return None
+        if campaign.settings.get("settle"):
+            return "settled: no untried layout was expected to beat the best"
+        return "no untried layout left: every layout of the space that can run was tried"
+
+    @property
     def finished(self) -> int:
         return sum(n for state, n in self.counts.items() if state.finished)
 
@@ -104,10 +134,22 @@ class CampaignProgress:
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds to the budget at the recent finishing rate, while a driver runs it."""
-        if self.campaign.status is not CampaignStatus.RUNNING or not self.rate_per_s:
+        """Seconds to the budget at the recent finishing rate, while a driver runs it (none
+        once its driver is gone: nothing will finish until ``resume``)."""
+        if not self.live or not self.rate_per_s:
             return None
         return self.remaining / self.rate_per_s
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (``True`` when unsure)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def campaign_progress(store: Store, campaign: Campaign) -> CampaignProgress:
@@ -166,6 +208,9 @@ def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup]
     return {
         "campaign": campaign.name,
         "status": campaign.status.value,
+        # Whether a driver runs it now: false for a campaign left "running" by a driver
+        # that was killed (its lease gone stale, or its process gone from this host).
+        "live": progress.live,
         "budget": campaign.budget,
         "finished": progress.finished,
         "failed": progress.failed,
@@ -190,6 +235,7 @@ def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup]
         "created_at": campaign.created_at,
         "finished_at": campaign.finished_at,
         "stop_reason": campaign.stop_reason,
+        "finish_reason": progress.finish_reason,
         "stopped_at": campaign.stopped_at,
         "driver": None
         if progress.driver is None

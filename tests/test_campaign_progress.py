@@ -95,6 +95,8 @@ def test_a_running_campaign_has_an_eta_from_its_recent_finishing_rate(tmp_path):
             time.sleep(0.2)
         assert campaign_progress(store, campaign).eta_s is None  # not running: no ETA
         campaign = store.update_campaign(campaign.id, status=CampaignStatus.RUNNING)
+        assert campaign_progress(store, campaign).eta_s is None  # no driver runs it: none
+        store.acquire_lease(campaign.id, "driver-1", stale_after_s=60)
         first, *_, last = store.recent_finish_times(campaign.id, 20)
         progress = campaign_progress(store, campaign)
         now = time.time()

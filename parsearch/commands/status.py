@@ -55,9 +55,11 @@ def render_text(
         done += f"/{campaign.budget} finished ({progress.finished / campaign.budget:.0%})"
     else:
         done += " finished"
+    state = campaign.status.value
+    if progress.driver_gone:
+        state = "marked running, but no driver runs it"
     lines = [
-        f"campaign '{campaign.name}' ({campaign.status.value}; backend {campaign.backend}; "
-        f"started {created})",
+        f"campaign '{campaign.name}' ({state}; backend {campaign.backend}; started {created})",
         f"  trials   {done}; {states}",
         "  "
         + describe_best(
@@ -80,6 +82,8 @@ def render_text(
             f"  {'failed' if i == 0 else '':8} {group.state.value} x{count} "
             f"({describe_trials(group.trials)}): {group.reason}"
         )
+    if progress.finish_reason:
+        lines.append(f"  ended    before its budget: {progress.finish_reason}")
     if progress.eta_s is not None:
         lines.append(f"  ETA      {format_duration(progress.eta_s)}")
     if progress.driver is not None:
@@ -88,7 +92,7 @@ def render_text(
             f"  driver   pid {driver.pid} on {driver.host}, last heartbeat "
             f"{format_duration(silent)} ago"
         )
-        if progress.driver_stale:
+        if progress.driver_gone:
             line += "; it seems dead: `parsearch resume` takes the campaign over"
         lines.append(line)
     elif campaign.status is CampaignStatus.RUNNING:

@@ -8,6 +8,7 @@ that cannot reach one. Every asset of the dashboard ships in ``parsearch/serve/s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -22,20 +23,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.middleware.gzip import GZipMiddleware
 
 from parsearch.errors import ParsearchError
-from parsearch.report.data import ReportData
 from parsearch.serve import figures, views
-from parsearch.serve.views import BadRequest, NotFound, StoreReader
+from parsearch.serve.views import MAX_COUNT, BadRequest, NotFound, StoreReader, shown
 from parsearch.version import __version__
 
 LOG = logging.getLogger("parsearch.serve")
 STATIC = resources.files("parsearch.serve") / "static"
 TOKEN_HEADER = "authorization"
 TOKEN_COOKIE = "parsearch_token"
+# A query string longer than this is refused (414) before anything reads it.
+MAX_QUERY_CHARS = 4096
+# An error message is cut to this: it never carries a request's (or a file's) bulk back.
+MAX_ERROR_CHARS = 600
+# Responses smaller than this are sent as they are; larger ones gzipped when the client
+# accepts it (a dashboard poll: ~400 KB of JSON, ~60 KB gzipped).
+GZIP_MIN_BYTES = 1024
 
 
 def _error(status: int, message: str) -> JSONResponse:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[: MAX_ERROR_CHARS - 1] + "…"
     return JSONResponse({"error": message}, status_code=status)
 
 
@@ -65,8 +75,14 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         # on every request (an eighth of the server's time under load), for nothing here.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    # Middleware: the last added runs first. The token is checked before anything else;
+    # gzip compresses what the ETag was computed on.
+    _add_etags(app)
+    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
+    _add_query_bound(app)
     _add_token_check(app, token)
-    _add_error_handlers(app)
+    _add_error_handlers(app, reader.path)
+    app.state.figures = cache  # the figure bundles, keyed on each campaign's trials
 
     def read(name: str, answer: Callable[..., Any], *args: Any) -> Any:
         """``answer(store, campaign, *args)`` in one short read-only session."""
@@ -112,7 +128,7 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     @app.get("/api/campaigns/{name}/top", tags=["results"])
     def top(
         name: str,
-        k: int = Query(10, description="how many trials"),
+        k: int = Query(10, description=f"how many trials, 1 to {MAX_COUNT}"),
         max_mem: str | None = Query(None, description="peak memory per rank cap"),
     ) -> list[dict[str, Any]]:
         """The k best ok trials, measured beside predicted: `parsearch top -k K --format json`."""
@@ -150,31 +166,36 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         """Ok trials no other beats on both objective and peak memory, by memory."""
         return read(name, views.pareto)
 
-    def figure(name: str, draw: Callable[[ReportData], Any]) -> Any:
-        """A figure's table from the store as it is now (the dashboard's may lag a poll)."""
-        return read(name, lambda store, campaign: draw(figures.report_data(store, campaign)))
+    def figure(name: str, member: str) -> Any:
+        """A figure's table from the store as it is now (the dashboard's may lag a poll),
+        computed once per change of the campaign's trials for every request."""
+        with reader.open() as store:
+            campaign = views.find_campaign(store, name)
+            bundle = cache.entry(store, campaign, current=True).bundle
+        return JSONResponse(bundle[member])
 
     @app.get("/api/campaigns/{name}/fidelity", tags=["figures"])
     def fidelity(name: str) -> dict[str, Any]:
         """The estimate against the trials, for the objective and peak memory: median
         measured/predicted ratio, IQR, mean error, rank correlation and the pairs."""
-        return figure(name, figures.fidelity)
+        return figure(name, "fidelity")
 
     @app.get("/api/campaigns/{name}/convergence", tags=["figures"])
     def convergence(name: str) -> list[dict[str, Any]]:
         """Best objective after each finished trial, in finish order."""
-        return figure(name, figures.convergence_rows)
+        return figure(name, "convergence")
 
     @app.get("/api/campaigns/{name}/heatmap", tags=["figures"])
     def heatmap(name: str) -> dict[str, Any]:
         """TP x PP cells: best objective, or why none (oom, failed, no_divide, ...)."""
-        return figure(name, figures.heatmap)
+        return figure(name, "heatmap")
 
     @app.get("/api/campaigns/{name}/dashboard", tags=["figures"])
     def dashboard(name: str) -> dict[str, Any]:
         """Everything the dashboard page draws (status, best in every format, figures,
         trials): what the page polls. The status is read now; the rest is recomputed when
-        trials changed, in the background, so it may lag the status by a poll (2 s)."""
+        trials changed, in the background, so it may lag the status by a poll (2 s), and
+        never by more than 10 s."""
 
         with reader.open() as store:
             campaign = views.find_campaign(store, name)
@@ -201,6 +222,42 @@ def _plan_spaces(reader: StoreReader) -> None:
             figures.campaign_space(campaign)
     except Exception:  # the requests that need it will report the problem
         LOG.debug("planning the stored spaces failed", exc_info=True)
+
+
+def _add_etags(app: FastAPI) -> None:
+    """An ``ETag`` on every API answer, and ``304 Not Modified`` when the client already
+    has it (``If-None-Match``): a browser polling a campaign that did not move gets no body.
+    ``Cache-Control: no-cache`` makes it ask every time rather than reuse its copy."""
+
+    @app.middleware("http")
+    async def etag(request: Request, call_next):
+        response = await call_next(request)
+        if request.method != "GET" or response.status_code != 200:
+            return response
+        if not request.url.path.startswith("/api/"):
+            return response
+        body = b"".join([chunk async for chunk in response.body_iterator])
+        tag = f'"{hashlib.blake2b(body, digest_size=12).hexdigest()}"'
+        headers = {key: value for key, value in response.headers.items() if key != "content-length"}
+        headers.update({"etag": tag, "cache-control": "no-cache"})
+        wanted = request.headers.get("if-none-match", "")
+        if tag in (part.strip() for part in wanted.split(",")):
+            return Response(status_code=304, headers={"etag": tag, "cache-control": "no-cache"})
+        return Response(body, status_code=200, headers=headers)
+
+
+def _add_query_bound(app: FastAPI) -> None:
+    """Refuse a query string over :data:`MAX_QUERY_CHARS` outright (414), without parsing
+    or echoing it."""
+
+    @app.middleware("http")
+    async def bounded(request: Request, call_next):
+        length = len(request.scope.get("query_string", b""))
+        if length > MAX_QUERY_CHARS:
+            return _error(
+                414, f"query string of {length} characters; at most {MAX_QUERY_CHARS} allowed"
+            )
+        return await call_next(request)
 
 
 def _add_token_check(app: FastAPI, token: str | None) -> None:
@@ -233,8 +290,17 @@ def _add_token_check(app: FastAPI, token: str | None) -> None:
         return response
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every failure is ``{"error": message}`` with its status; never a traceback."""
+def _add_error_handlers(app: FastAPI, store_path: str | os.PathLike[str]) -> None:
+    """Every failure is ``{"error": message}`` with its status; never a traceback, never
+    the server's paths, never more than a short excerpt of what the request sent."""
+    store_file = os.path.basename(os.fspath(store_path))
+    full_paths = {os.fspath(store_path), os.path.abspath(os.fspath(store_path))}
+
+    def private(message: str) -> str:
+        """``message`` with the store's path reduced to its file name."""
+        for path in sorted(full_paths, key=len, reverse=True):
+            message = message.replace(path, store_file)
+        return message
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
@@ -247,14 +313,14 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ParsearchError)
     async def store_error(request: Request, exc: ParsearchError) -> JSONResponse:
         # The store cannot be read now (missing, locked past the timeout, not a store).
-        return _error(503, str(exc))
+        return _error(503, private(str(exc)))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
-            f"{' '.join(str(part) for part in error.get('loc', ()))}: {error.get('msg')}"
-            + (f" (got {error['input']!r})" if "input" in error else "")
-            for error in exc.errors()
+            f"{' '.join(shown(part, 40) for part in error.get('loc', ()))}: {error.get('msg')}"
+            + (f" (got {shown(error['input'])})" if "input" in error else "")
+            for error in exc.errors()[:3]
         ]
         return _error(400, "; ".join(problems))
 
@@ -262,10 +328,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message = exc.detail
         if exc.status_code == 404:
-            message = f"no such page {request.url.path}; the API is listed at /openapi.json"
+            message = f"no such page {shown(request.url.path)}; the API is listed at /openapi.json"
         return _error(exc.status_code, str(message))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         LOG.exception("error answering %s", request.url.path)
-        return _error(500, f"internal error answering {request.url.path}: {exc}")
+        return _error(
+            500, f"internal error answering {shown(request.url.path)} (the server logged it)"
+        )

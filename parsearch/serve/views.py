@@ -17,6 +17,7 @@ from typing import Any
 
 from parsearch.errors import ParsearchError
 from parsearch.formats import format_layout, trial_document
+from parsearch.inputs import MAX_BUDGET
 from parsearch.query import campaign_status
 from parsearch.result import TrialState
 from parsearch.store import Campaign, SQLiteStore, TrialRecord, open_store
@@ -29,6 +30,17 @@ TEXT_FILTERS = ("recompute",)
 BOOL_FILTERS = ("sequence_parallel",)
 TRIAL_FILTERS = ("state", *INT_FILTERS, *TEXT_FILTERS, *BOOL_FILTERS)
 PAGE_PARAMS = ("limit", "offset")
+# The most a count (top's k, a page's limit or offset) may be: as many trials as a budget.
+MAX_COUNT = MAX_BUDGET
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``value`` as an error message quotes it: its repr, cut to ``limit`` characters (a
+    70 KB query parameter is not echoed back)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text) if isinstance(value, str) else text
+    return f"{text[:limit]!r}… ({len(text)} characters)"
 
 
 class NotFound(ParsearchError):
@@ -89,13 +101,12 @@ def campaign_summary(campaign: Campaign) -> dict[str, Any]:
 
 
 def find_campaign(store: SQLiteStore, name: str) -> Campaign:
-    """The campaign called ``name``, or :class:`NotFound` listing the store's campaigns."""
-    campaigns = store.list_campaigns()
-    for campaign in campaigns:
+    """The campaign called ``name``, or :class:`NotFound`: which neither names the store's
+    path nor lists its campaigns (``/api/campaigns`` does, to whom may ask)."""
+    for campaign in store.list_campaigns():
         if campaign.name == name:
             return campaign
-    names = ", ".join(repr(c.name) for c in campaigns) or "none"
-    raise NotFound(f"no campaign {name!r} in store {store.path}; campaigns: {names}")
+    raise NotFound(f"no campaign {shown(name)} in this store; GET /api/campaigns lists them")
 
 
 def status(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
@@ -107,6 +118,11 @@ def memory_cap(text: str | None) -> int | None:
     """``max_mem=60GiB`` (or bytes) as bytes."""
     if text is None:
         return None
+    if len(text) > 40:
+        raise BadRequest(
+            f"query parameter 'max_mem': expected a size such as 60GiB or bytes, got "
+            f"{shown(text, 20)}"
+        )
     try:
         return parse_bytes(text)
     except ValueError as error:
@@ -139,8 +155,8 @@ def top(
     store: SQLiteStore, campaign: Campaign, k: int, max_mem: str | None = None
 ) -> list[dict[str, Any]]:
     """``parsearch top -k K --format json``."""
-    if k < 1:
-        raise BadRequest(f"query parameter 'k' must be >= 1, got {k}")
+    if not 1 <= k <= MAX_COUNT:
+        raise BadRequest(f"query parameter 'k' must be >= 1 and <= {MAX_COUNT}, got {shown(k)}")
     records = store.top(campaign.id, k, max_mem_bytes=memory_cap(max_mem))
     return plain([trial_document(r, campaign) for r in records])
 
@@ -168,8 +184,10 @@ def trial_filter(params: Mapping[str, str]) -> TrialFilter:
     parameter and what is valid."""
     unknown = sorted(set(params) - {*TRIAL_FILTERS, *PAGE_PARAMS, "token"})
     if unknown:
+        names = ", ".join(shown(name, 30).strip("'") for name in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise BadRequest(
-            f"unknown query parameter(s) {', '.join(unknown)}; valid: "
+            f"unknown query parameter(s) {names}{more}; valid: "
             f"{', '.join((*TRIAL_FILTERS, *PAGE_PARAMS))}"
         )
     states = None
@@ -178,7 +196,7 @@ def trial_filter(params: Mapping[str, str]) -> TrialFilter:
         wanted = _values(params, "state")
         bad = [s for s in wanted if s not in valid]
         if bad:
-            raise BadRequest(f"query parameter 'state': {bad[0]!r} is not one of {valid}")
+            raise BadRequest(f"query parameter 'state': {shown(bad[0])} is not one of {valid}")
         states = frozenset(TrialState(s) for s in wanted)
     layout: dict[str, frozenset[Any]] = {}
     for name in INT_FILTERS:
@@ -192,8 +210,10 @@ def trial_filter(params: Mapping[str, str]) -> TrialFilter:
             layout[name] = frozenset(_boolean(name, v) for v in _values(params, name))
     limit = _integer("limit", params["limit"]) if "limit" in params else None
     offset = _integer("offset", params["offset"]) if "offset" in params else 0
-    if (limit is not None and limit < 1) or offset < 0:
-        raise BadRequest("query parameters 'limit' must be >= 1 and 'offset' >= 0")
+    if (limit is not None and not 1 <= limit <= MAX_COUNT) or not 0 <= offset <= MAX_COUNT:
+        raise BadRequest(
+            f"query parameters 'limit' must be >= 1 and 'offset' >= 0, both <= {MAX_COUNT}"
+        )
     return TrialFilter(states=states, layout=layout, limit=limit, offset=offset)
 
 
@@ -205,10 +225,14 @@ def _values(params: Mapping[str, str], name: str) -> list[str]:
 
 
 def _integer(name: str, text: str) -> int:
+    if len(text) > 20:  # int() of a 70 KB string is slow, and no layout value is that long
+        raise BadRequest(f"query parameter {name!r}: expected an integer, got {shown(text)}")
     try:
         return int(text)
     except ValueError:
-        raise BadRequest(f"query parameter {name!r}: expected an integer, got {text!r}") from None
+        raise BadRequest(
+            f"query parameter {name!r}: expected an integer, got {shown(text)}"
+        ) from None
 
 
 def _boolean(name: str, text: str) -> bool:
@@ -217,7 +241,7 @@ def _boolean(name: str, text: str) -> bool:
         return True
     if lowered in ("false", "0", "no"):
         return False
-    raise BadRequest(f"query parameter {name!r}: expected true or false, got {text!r}")
+    raise BadRequest(f"query parameter {name!r}: expected true or false, got {shown(text)}")
 
 
 def trial_row(record: TrialRecord, campaign: Campaign) -> dict[str, Any]:

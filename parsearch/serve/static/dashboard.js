@@ -305,11 +305,15 @@ function drawFidelity(data, metric, id, label) {
 
 // ---- cards and table --------------------------------------------------------------------
 
+// What the campaign is doing: its stored status, except that one left "running" by a driver
+// that was killed (no live driver holds its lease) is "not running".
+const activity = (s) => (s.status === "running" && s.live === false ? "not running" : s.status);
+
 function drawProgress(data) {
   const s = data.status;
   const pill = document.getElementById("campaign-status");
-  pill.textContent = s.status;
-  pill.className = `pill ${s.status}`;
+  pill.textContent = activity(s);
+  pill.className = `pill ${activity(s).replace(" ", "-")}`;
   const share = s.budget ? Math.min(1, s.finished / s.budget) : 0;
   document.getElementById("progress-bar").style.width = `${(100 * share).toFixed(1)}%`;
   document.getElementById("progress-text").textContent =
@@ -326,11 +330,16 @@ function drawProgress(data) {
     chips.appendChild(chip);
   }
   document.getElementById("eta").textContent =
-    s.eta_s !== null ? `ETA ${duration(s.eta_s)} at the recent rate` : s.status === "running" ? "ETA after a few trials" : "";
+    s.eta_s !== null ? `ETA ${duration(s.eta_s)} at the recent rate`
+      : activity(s) === "running" ? "ETA after a few trials"
+      : s.finish_reason ? `ended before its budget: ${s.finish_reason}` : "";
   const d = s.driver;
+  const gone = activity(s) === "not running";
   document.getElementById("driver").textContent = d
-    ? `driver pid ${d.pid} on ${d.host}, heartbeat ${duration(d.silent_s)} ago${d.stale ? " — seems dead: parsearch resume takes over" : ""}`
-    : s.stop_reason ? `stopped: ${s.stop_reason}` : `backend ${s.backend}`;
+    ? `driver pid ${d.pid} on ${d.host}, heartbeat ${duration(d.silent_s)} ago` +
+      (gone ? " — it seems dead (killed?): parsearch resume continues the campaign" : "")
+    : gone ? "no driver runs it: the last one stopped without finishing; parsearch resume continues the campaign"
+    : s.stop_reason ? `stopped: ${humanBytes(s.stop_reason)}` : `backend ${s.backend}`;
 }
 
 function drawBest(data) {
@@ -481,12 +490,12 @@ async function refresh() {
     const data = await api(`campaigns/${encodeURIComponent(view.campaign)}/dashboard`);
     view.data = data;
     const option = [...document.getElementById("campaign").options].find((o) => o.value === view.campaign);
-    if (option) option.textContent = `${view.campaign} (${data.status.status})`;
+    if (option) option.textContent = `${view.campaign} (${activity(data.status)})`;
     draw(data);
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.state = "ready";
     document.body.dataset.finished = String(data.status.finished);
-    if (data.status.status === "running" || data.status.status === "created") wait = POLL_RUNNING_MS;
+    if (activity(data.status) === "running" || data.status.status === "created") wait = POLL_RUNNING_MS;
   } catch (error) {
     document.getElementById("updated").textContent = `update failed: ${error.message}`;
     wait = POLL_RUNNING_MS;
