@@ -1,5 +1,6 @@
 """The driver and its sessions in-process, on a real SQLite file and the simulate backend."""
 
+import dataclasses
 import os
 import signal
 import time
@@ -144,6 +145,22 @@ def test_a_signal_drains_then_resume_continues_to_the_budget(tmp_path):
         assert by_number[number] == trial, "a finished trial never changes"
     assert all(by_number[n].attempt == 2 for n in interrupted)
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "handlers are restored"
+
+
+def test_a_drain_in_which_the_last_trials_finish_completes_the_campaign(tmp_path):
+    """The warning lands while the budget's last trial runs, and it finishes within the
+    grace: the campaign is finished, not stopped (a job chain would spend a job on it)."""
+    db = tmp_path / "c.db"
+    signaller = _SignalAfterFirstTrial(signal.SIGUSR1)
+    settings = dataclasses.replace(_simulate(2, delay=1.0), grace_s=30.0)
+    outcome = start_campaign(
+        GPT175, db, budget=2, settings=settings, observers=Observers([signaller])
+    )
+    assert signaller.sent
+    assert outcome.outcome is Outcome.BUDGET and outcome.interrupted == 0
+    campaign, trials = _trials(db)
+    assert campaign.status is CampaignStatus.FINISHED
+    assert len(trials) == 2 and all(t.state is TrialState.OK for t in trials)
 
 
 def test_timeout_stops_the_session_and_a_larger_budget_continues(tmp_path):

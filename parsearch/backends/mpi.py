@@ -371,8 +371,11 @@ class MPIBackend:
     def _hold_usr1(self) -> None:
         """Keep our SIGUSR1 filter in front of the handler installed last, on every call
         from the driver (the session installs its stop handler after making the backend);
-        the filter passes stop requests on to it."""
-        if threading.current_thread() is not threading.main_thread():
+        the filter passes stop requests on to it. Only under hydra: ``srun`` sends no such
+        notice, and its SIGUSR1 is Slurm's warning before the time limit, which must reach
+        the session's handler at once (a filter that waits for every worker's answer while
+        the trials load both cores took the warning for a lost node)."""
+        if not _under_hydra() or threading.current_thread() is not threading.main_thread():
             return
         current = signal.getsignal(signal.SIGUSR1)
         if current != self._on_usr1:
@@ -456,6 +459,12 @@ def release_workers(box: Mailbox, ranks: list[int]) -> None:
         waiting.difference_update(box.flush())
         time.sleep(POLL_S)
     discard_unreceived(box.comm)  # the beats that crossed the goodbyes
+
+
+def _under_hydra() -> bool:
+    """Whether MPICH's hydra (``mpiexec``) started this rank: hydra signals SIGUSR1 to the
+    ranks when one of them dies. It sets ``MPI_LOCALNRANKS``; ``srun``'s PMI does not."""
+    return "MPI_LOCALNRANKS" in os.environ
 
 
 def _at_exit(comm: Any) -> None:

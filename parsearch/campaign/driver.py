@@ -351,6 +351,10 @@ class Driver:
         self.running.clear()
         self.lease.check()
         self.interrupted = self.store.mark_interrupted(self.campaign.id)
+        if self.finished >= self.settings.budget and not self.interrupted:
+            # The last trials finished within the grace: nothing is left for a resume (a job
+            # chain would otherwise spend a job finding that out).
+            return Outcome.BUDGET
         return outcome
 
     def _timed_out(self) -> bool:
