@@ -31,8 +31,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--nodes", required=True, metavar="N,N,...", help="allocation sizes, e.g. 16,32,64,128"
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--weak", dest="mode", action="store_const", const="weak")
-    mode.add_argument("--strong", dest="mode", action="store_const", const="strong")
+    mode.add_argument(
+        "--weak",
+        dest="mode",
+        action="store_const",
+        const="weak",
+        help="keep mbs and gas at every size, so the global batch grows with dp (the default)",
+    )
+    mode.add_argument(
+        "--strong",
+        dest="mode",
+        action="store_const",
+        const="strong",
+        help="keep the global batch at every size (gas shrinks as dp grows)",
+    )
     parser.set_defaults(mode="weak")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
