@@ -226,3 +226,12 @@ def test_mismatched_space_error_is_a_space_error(tmp_path):
     space = load_space(TINY)
     with pytest.raises(SpaceError, match="probe this allocation"):
         apply_profile(space, write(tmp_path / "m.yaml", data))
+
+
+def test_a_single_device_profile_has_no_collectives_and_loads():
+    data = copy.deepcopy(PROFILE)
+    data["collectives"] = []
+    assert profile_from_dict(data).collectives == ()
+    data["gemm"] = []
+    with pytest.raises(SpaceError, match="non-empty list"):
+        profile_from_dict(data)

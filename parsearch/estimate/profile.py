@@ -158,9 +158,10 @@ class _Fields:
             raise self.error(field, f"must be one of {list(valid)}, got {value!r}")
         return str(value)
 
-    def items(self, value: Any, field: str) -> list[Any]:
-        if not isinstance(value, list) or not value:
-            raise self.error(field, f"must be a non-empty list, got {value!r}")
+    def items(self, value: Any, field: str, *, empty: bool = False) -> list[Any]:
+        if not isinstance(value, list) or not (value or empty):
+            kind = "a list" if empty else "a non-empty list"
+            raise self.error(field, f"must be {kind}, got {value!r}")
         return value
 
     def text(self, value: Any, field: str) -> str:
@@ -184,7 +185,8 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
     gemm, shapes = _gemm(read, top["gemm"], peak)
     collectives = [
         _collective(read, item, f"collectives[{index}]")
-        for index, item in enumerate(read.items(top["collectives"], "collectives"))
+        # A single device has no groups to measure: a probe of one writes none.
+        for index, item in enumerate(read.items(top["collectives"], "collectives", empty=True))
     ]
     memory = read.mapping(
         top["memory"],
