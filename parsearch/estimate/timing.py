@@ -1,14 +1,16 @@
-"""A predicted step time from the allocation's hardware description or a probed profile.
+"""A predicted step time from the allocation's hardware description or a machine profile.
 
 Compute at an efficiency that grows with each matmul's size, stage by stage (the last stage
 also computes the logits and the loss, and the slowest stage sets the pipeline's pace);
 tensor-parallel collectives on the critical path (hierarchical when the group spans nodes);
-the pipeline bubble ``(pp-1)/vpp`` slots (partly filled by the busy stages where ranks share
-a node's CPU cores); blocking point-to-point transfers; and the
-data-parallel traffic (once per step, or per micro-batch under ZeRO-3) hidden behind compute
-only as far as there is compute to hide it behind. A machine profile
-(:class:`~parsearch.estimate.machine.MachineProfile`) replaces the GEMM curve and the
-data-sheet bandwidths with measured figures. It ranks layouts and rehearses campaigns (the
+the pipeline's fill and drain, one pass through every other stage (:func:`bubble_in_slots`,
+partly filled by the busy stages where ranks share a node's CPU cores); blocking
+point-to-point transfers; the data-parallel traffic (once per step, hierarchical where a
+group's ranks share a node's links; or per micro-batch under ZeRO-3) hidden behind compute
+only as far as there is compute to hide it behind; and the once-per-step optimizer work. A
+machine profile (:class:`~parsearch.estimate.machine.MachineProfile`) replaces the GEMM curve
+and the data-sheet bandwidths with measured figures (a device profile also times the
+element-wise work at its memory bandwidth). It ranks layouts and rehearses campaigns (the
 ``simulate`` backend); real trials decide.
 """
 
