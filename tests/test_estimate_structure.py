@@ -60,9 +60,10 @@ def test_zero3_holds_gathered_and_prefetched_layers():
         big, ParallelLayout(1, 1, 8, 1, 1, zero_stage=3), EstimateSettings()
     )
     # The live-parameter and bucket caps (1e9, 5e8) are below the largest weight, an MLP
-    # matrix of h·4h = 1.68e9 parameters, gathered whole and its gradient produced whole.
+    # matrix of h·4h = 1.68e9 parameters: gathered whole, and its gradient, produced whole,
+    # sits beside the bucket's buffer.
     largest = 20480 * 4 * 20480
-    assert capped.workspace == pytest.approx((largest + largest) * 2)
+    assert capped.workspace == pytest.approx((largest + 5e8 + largest) * 2)
     medium = ModelSpec(
         num_layers=2, hidden_size=8192, num_heads=64, vocab_size=51200, seq_length=2048
     )

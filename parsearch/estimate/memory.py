@@ -208,14 +208,16 @@ def zero3_buffer_bytes(
     """ZeRO-3's transient full-size copies, in the weights' precision: the layer being
     computed and the one prefetched behind it (at most DeepSpeed's live-parameter limit,
     but never less than the largest weight, which is gathered whole), and the gradients
-    waiting for their reduce-scatter (a bucket of at most one layer, but never less than
-    the largest weight's gradient, produced whole by its matmul's backward)."""
+    waiting for their reduce-scatter: the reduction bucket (at most one layer) and, when a
+    weight is larger than the bucket, that weight's gradient, produced whole by its
+    matmul's backward beside the bucket's buffer."""
     weight_b = _STATE_BYTES[settings.precision][0]
     layer = layer_params(model) / layout.tp
     largest = largest_linear_params(model, layout.tp)
     gathered = max(min(2 * layer, ZERO3_MAX_LIVE_PARAMS), largest)
-    bucket = max(min(layer, ZERO3_REDUCE_BUCKET), largest)
-    return (gathered + bucket) * weight_b
+    bucket = min(layer, ZERO3_REDUCE_BUCKET)
+    oversized = largest if largest > bucket else 0.0
+    return (gathered + bucket + oversized) * weight_b
 
 
 def _with_baseline(estimate: MemoryEstimate, settings: EstimateSettings) -> MemoryEstimate:
