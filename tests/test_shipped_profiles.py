@@ -85,3 +85,12 @@ def test_plan_says_which_profile_and_where_its_figures_came_from(capsys):
     assert machine["name"] == "h200-sxm-hgx" and machine["sources"]
     assert main(["plan", space, "--machine", "nonexistent-profile"]) == 2
     assert "shipped profiles: " in capsys.readouterr().err
+
+
+def test_a_shipped_name_made_absolute_still_names_the_shipped_profile(tmp_path):
+    from parsearch.profiles import resolve
+
+    assert resolve(str(tmp_path / "mi250x-frontier")) == shipped()["mi250x-frontier"]
+    (tmp_path / "mi250x-frontier").write_text("name: mine")
+    assert resolve(str(tmp_path / "mi250x-frontier")) == tmp_path / "mi250x-frontier"
+    assert resolve("h100-sxm-dgx.yaml", tmp_path) == tmp_path / "h100-sxm-dgx.yaml"

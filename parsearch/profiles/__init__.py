@@ -31,7 +31,12 @@ def resolve(reference: str, base: Path | None = None) -> Path:
     if reference in profiles:
         return profiles[reference]
     path = Path(reference)
-    return base / path if base is not None and not path.is_absolute() else path
+    path = base / path if base is not None and not path.is_absolute() else path
+    # A shipped name made absolute on the way (``run --machine NAME`` stores the resolved
+    # path) still names the shipped profile when no such file exists.
+    if not path.exists() and not path.suffix and path.name in profiles:
+        return profiles[path.name]
+    return path
 
 
 def load_profile(path: str | Path) -> MachineProfile:
