@@ -193,3 +193,66 @@ def test_a_phone_screen_shows_the_page_without_sideways_scrolling(site, scale):
     assert not console, console
     for what, right in layout.items():
         assert right <= width + 0.5, (what, layout)
+
+
+SEARCH_VIEWS = """(() => {
+  const all = (selector) => [...document.querySelectorAll(selector)];
+  return {
+    lines: all("#parallel .pc-line").map((l) => +l.dataset.trial),
+    axes: all("#parallel .pc-axis .label").map((t) => t.textContent),
+    runs: all("#timeline rect.run").map((r) => [+r.dataset.trial, r.dataset.host]),
+    hosts: all("#timeline .host").map((t) => t.textContent),
+    filters: all("#layout-filters select").map((s) => s.dataset.name),
+  };
+})()"""
+
+FILTER_TP_2 = """(() => {
+  const select = document.querySelector('#layout-filters select[data-name="tp"]');
+  select.value = "2";
+  select.dispatchEvent(new Event("change"));
+  return [...document.querySelectorAll("#trials tbody tr")].map((r) => +r.children[0].textContent);
+})()"""
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=[s.name for s in SCALES])
+def test_parallel_coordinates_timeline_filters_and_importance_match_the_api(site, scale):
+    base, chromium = site
+    name = scale.name
+    with chromium.page(f"{base}/?campaign={name}", *DESKTOP) as page:
+        page.wait_for("document.getElementById('importance').dataset.state === 'ready'", 120)
+        shown = page.evaluate(SEARCH_VIEWS)
+        bars = page.evaluate(
+            "[...document.querySelectorAll('#importance .importance-bar')].map(b => b.dataset.name)"
+        )
+        caption = page.evaluate("document.getElementById('importance-caption').textContent")
+        filtered = page.evaluate(FILTER_TP_2)
+        console = page.console()
+    assert not console, console
+    bundle = api(base, f"campaigns/{name}/dashboard")
+    dimensions = list(bundle["dimensions"])
+    trials = api(base, f"campaigns/{name}/trials")
+
+    # Parallel coordinates: an axis per searched dimension and the objective, a line per ok
+    # trial.
+    assert shown["axes"] == [*dimensions, bundle["objective_label"]]
+    ok = [t["trial"] for t in trials if t["state"] == "ok"]
+    assert sorted(shown["lines"]) == sorted(ok)
+
+    # The timeline: a bar for each trial on each of its nodes, a row per node.
+    expected = sorted((t["trial"], host) for t in trials if t["started_at"] for host in t["hosts"])
+    assert sorted(map(tuple, shown["runs"])) == expected
+    assert shown["hosts"] == sorted({host for _, host in expected})
+
+    # Filtering the table by a layout value gives what the API's filter gives.
+    assert shown["filters"] == dimensions
+    assert filtered == [t["trial"] for t in api(base, f"campaigns/{name}/trials?tp=2")]
+    assert filtered  # every scale has some tp=2 trial
+
+    # Importance: the API's ranking, drawn in its order, with the method named.
+    found = api(base, f"campaigns/{name}/importance")
+    assert "permutation importance (scikit-learn) of a random forest" in caption
+    assert bars == [d["name"] for d in found["dimensions"]]
+    if found["n"] >= 10:
+        assert sorted(bars) == sorted(dimensions) and found["r2"] is not None
+    else:
+        assert not bars and found["note"].startswith("needs 10 successful trials")

@@ -54,6 +54,7 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     it (``Authorization: Bearer TOKEN`` or ``?token=TOKEN``)."""
     reader = StoreReader(store_path)
     cache = figures.FigureCache(reader.open)
+    importances = figures.ImportanceCache()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -189,6 +190,15 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     def heatmap(name: str) -> dict[str, Any]:
         """TP x PP cells: best objective, or why none (oom, failed, no_divide, ...)."""
         return figure(name, "heatmap")
+
+    @app.get("/api/campaigns/{name}/importance", tags=["figures"])
+    def importance(name: str) -> dict[str, Any]:
+        """Which searched dimensions the objective depends on among the ok trials:
+        permutation importance (scikit-learn) of a random forest fitted to them, with its
+        R² and the method in words; computed once per change of the trials."""
+        with reader.open() as store:
+            campaign = views.find_campaign(store, name)
+            return JSONResponse(importances.get(store, campaign))
 
     @app.get("/api/campaigns/{name}/dashboard", tags=["figures"])
     def dashboard(name: str) -> dict[str, Any]:

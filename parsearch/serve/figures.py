@@ -106,6 +106,9 @@ def figure_bundle(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
     return {
         "objective_label": data.objective_label,
         "memory_limit_bytes": data.memory_limit_bytes,
+        # The searched dimensions and their values: parallel coordinates' axes, the
+        # table's filters.
+        "dimensions": {name: plain(list(values)) for name, values in data.space.searched.items()},
         "best": None if record is None else plain(views.trial_row(record, campaign)),
         "exports": None if record is None else views.best_exports(record, campaign),
         "convergence": convergence_rows(data),
@@ -216,6 +219,32 @@ class FigureCache:
             self._entries[campaign.id] = entry
             self.computed += 1
         return entry
+
+
+class ImportanceCache:
+    """Each campaign's dimension importance, computed when its trials changed (about a
+    second of scikit-learn), once for all the requests that want it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: dict[int, tuple[tuple, dict[str, Any]]] = {}
+        self._computing: dict[int, threading.Lock] = {}
+
+    def get(self, store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
+        from parsearch.serve.importance import importance
+
+        fingerprint = _fingerprint(store, campaign)
+        with self._lock:
+            computing = self._computing.setdefault(campaign.id, threading.Lock())
+        with computing:
+            with self._lock:
+                found = self._found.get(campaign.id)
+            if found is not None and found[0] == fingerprint:
+                return found[1]
+            answer = plain(importance(report_data(store, campaign)))
+            with self._lock:
+                self._found[campaign.id] = (fingerprint, answer)
+            return answer
 
 
 def _fingerprint(store: SQLiteStore, campaign: Campaign) -> tuple:

@@ -10,7 +10,8 @@ const COLORS = { ok: "#16a34a", oom: "#dc2626", failed: "#d97706", error: "#d977
 const params = new URLSearchParams(location.search);
 const token = params.get("token");
 const view = { campaign: params.get("campaign"), data: null, format: null,
-               sort: { key: "trial", asc: true }, stateFilter: "", timer: null };
+               sort: { key: "trial", asc: true }, stateFilter: "", layoutFilter: {}, timer: null,
+               importanceKey: null, memUnit: null };
 
 function reportError(message) {
   const list = document.getElementById("errors");
@@ -303,6 +304,141 @@ function drawFidelity(data, metric, id, label) {
   }
 }
 
+// ---- parallel coordinates, importance, timeline -----------------------------------------
+
+const shadeOf = (lo, hi) => (v) => `hsl(${215 - 175 * (hi > lo ? (v - lo) / (hi - lo) : 1)}, 75%, 45%)`;
+
+// One vertical axis per searched dimension (its values evenly spaced, in the space's order)
+// and one for the objective; each ok trial a line across them.
+function drawParallel(data) {
+  const names = Object.keys(data.dimensions || {});
+  const ok = data.trials.filter((t) => t.state === "ok" && t.objective.value !== null);
+  if (!names.length) return message("parallel", "the space searches no dimension");
+  if (!ok.length) return message("parallel", "no ok trial yet");
+  const node = clear("parallel");
+  const width = 1000, height = 300, top = 24, bottom = 30, left = 40, right = 60;
+  const axes = [...names, "objective"];
+  const ax = (i) => left + (i * (width - left - right)) / (axes.length - 1);
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
+  const [lo, hi] = extent(ok.map((t) => t.objective.value));
+  const yOf = (name, t) => {
+    if (name === "objective") {
+      const f = hi > lo ? (t.objective.value - lo) / (hi - lo) : 0.5;
+      return height - bottom - f * (height - top - bottom);
+    }
+    const values = data.dimensions[name];
+    const i = values.indexOf(t.layout[name]);
+    const f = values.length > 1 ? i / (values.length - 1) : 0.5;
+    return height - bottom - f * (height - top - bottom);
+  };
+  const shade = shadeOf(lo, hi);
+  const lines = el("g", { class: "pc-lines" });
+  for (const t of [...ok].sort((a, b) => a.objective.value - b.objective.value)) {
+    const points = axes.map((name, i) => `${ax(i)},${yOf(name, t)}`).join(" ");
+    const line = el("polyline", { points, class: "pc-line", stroke: shade(t.objective.value), "data-trial": t.trial });
+    line.appendChild(el("title", {}, `#${t.trial} ${t.layout_short}: ${objectiveText(data, t.objective.value)}`));
+    lines.appendChild(line);
+  }
+  svg.appendChild(lines);
+  axes.forEach((name, i) => {
+    const g = el("g", { class: "pc-axis" });
+    g.appendChild(el("line", { x1: ax(i), x2: ax(i), y1: top, y2: height - bottom }));
+    g.appendChild(el("text", { x: ax(i), y: height - 8, "text-anchor": "middle", class: "label" },
+                     name === "objective" ? data.objective_label : name));
+    const labels = name === "objective" ? [lo, hi] : data.dimensions[name];
+    labels.forEach((value, j) => {
+      const f = labels.length > 1 ? j / (labels.length - 1) : 0.5;
+      const text = name === "objective" ? objectiveText(data, value) : String(value);
+      g.appendChild(el("text", { x: ax(i) + 5, y: height - bottom - f * (height - top - bottom) + 4,
+                                 class: "tick", "data-axis": name }, text));
+    });
+    svg.appendChild(g);
+  });
+  node.appendChild(svg);
+}
+
+// Permutation importance from /importance (fetched apart: it takes a second to compute).
+function drawImportance(found) {
+  const caption = document.getElementById("importance-caption");
+  const node = document.getElementById("importance");
+  if (!found.dimensions.length) {
+    message("importance", found.note || "nothing to rank yet");
+    caption.textContent = found.method;
+    node.dataset.state = "ready";
+    return;
+  }
+  clear("importance");
+  const rows = found.dimensions;
+  const width = 520, rowH = 26, left = 110, right = 70;
+  const height = rows.length * rowH + 10;
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
+  const top = Math.max(...rows.map((r) => r.importance || 0), 1e-9);
+  rows.forEach((r, i) => {
+    const y = 5 + i * rowH;
+    const w = (Math.max(0, r.importance || 0) / top) * (width - left - right);
+    svg.appendChild(el("text", { x: left - 8, y: y + rowH / 2 + 4, "text-anchor": "end" }, r.name));
+    const bar = el("rect", { x: left, y: y + 4, width: Math.max(w, 1), height: rowH - 8, rx: 3,
+                             fill: COLORS.accent, class: "importance-bar", "data-name": r.name });
+    bar.appendChild(el("title", {}, `${r.name}: ${fixed(r.importance)} ± ${fixed(r.std)} (${r.values_tried} values tried)`));
+    svg.appendChild(bar);
+    svg.appendChild(el("text", { x: left + Math.max(w, 1) + 6, y: y + rowH / 2 + 4, class: "bar-label" },
+                       fixed(r.importance)));
+  });
+  node.appendChild(svg);
+  caption.textContent = `${found.method}; ${found.n} trials, forest R² ${fixed(found.r2)}` +
+    (found.r2 !== null && found.r2 < 0.5 ? " (a poor fit: read the ranking loosely)" : "");
+  node.dataset.state = "ready";
+}
+
+async function refreshImportance(data) {
+  const key = `${view.campaign}/${data.status.finished}/${data.trials_total}`;
+  if (view.importanceKey === key) return;
+  view.importanceKey = key;
+  try {
+    drawImportance(await api(`campaigns/${encodeURIComponent(view.campaign)}/importance`));
+  } catch (error) {
+    view.importanceKey = null;
+    message("importance", `importance: ${error.message}`);
+  }
+}
+
+// Each node a row, each trial a bar from its start to its end (still running: to now), on
+// every node it ran on: idle nodes show as gaps.
+function drawTimeline(data) {
+  const ran = data.trials.filter((t) => t.started_at && (t.hosts || []).length);
+  if (!ran.length) return message("timeline", "no trial has started yet");
+  const node = clear("timeline");
+  const hosts = [...new Set(ran.flatMap((t) => t.hosts))].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+  const now = Date.now() / 1000;
+  const t0 = Math.min(...ran.map((t) => t.started_at));
+  const t1 = Math.max(...ran.map((t) => t.finished_at || now));
+  const rowH = Math.max(3, Math.min(18, 300 / hosts.length));
+  // The axis in one unit of time, chosen by the span: s, min or h.
+  const span = Math.max(t1 - t0, 1);
+  const [size, unit] = span < 120 ? [1, "s"] : span < 7200 ? [60, "min"] : [3600, "h"];
+  const plot = frame(node, { x: [0, span / size], y: [0, hosts.length], xLabel: "time since the first trial started",
+                             yLabel: "", xFormat: (v, digits) => `${fixed(v, digits)} ${unit}`, yFormat: () => "",
+                             height: 52 + rowH * hosts.length, count: 6 });
+  const at = (seconds) => plot.sx((seconds - t0) / size);
+  const row = Object.fromEntries(hosts.map((h, i) => [h, i]));
+  const y = (i) => plot.m.top + i * rowH;
+  if (hosts.length <= 40) {
+    hosts.forEach((h, i) => plot.svg.appendChild(el("text", { x: plot.m.left - 6, y: y(i) + rowH / 2 + 4,
+                                                              "text-anchor": "end", class: "host" }, h)));
+  }
+  for (const t of ran) {
+    const x0 = at(t.started_at);
+    const x1 = at(t.finished_at || now);
+    for (const h of t.hosts) {
+      const bar = el("rect", { x: x0, y: y(row[h]) + 1, width: Math.max(1, x1 - x0), height: Math.max(1, rowH - 2),
+                               fill: COLORS[t.state] || (t.state === "running" ? COLORS.accent : COLORS.failed),
+                               class: "run", "data-trial": t.trial, "data-host": h });
+      bar.appendChild(el("title", {}, `#${t.trial} ${t.state} on ${h}: ${t.layout_short}, ${duration((t.finished_at || now) - t.started_at)}`));
+      plot.svg.appendChild(bar);
+    }
+  }
+}
+
 // ---- cards and table --------------------------------------------------------------------
 
 // What the campaign is doing: its stored status, except that one left "running" by a driver
@@ -404,7 +540,10 @@ function drawTrials(data) {
     th.className = th.dataset.key === view.sort.key ? `sorted ${view.sort.asc ? "asc" : ""}` : "";
   }
   const column = COLUMNS.find(([key]) => key === view.sort.key);
-  const rows = data.trials.filter((t) => !view.stateFilter || t.state === view.stateFilter);
+  drawLayoutFilters(data);
+  const wanted = Object.entries(view.layoutFilter).filter(([, value]) => value !== "");
+  const rows = data.trials.filter((t) => (!view.stateFilter || t.state === view.stateFilter) &&
+    wanted.every(([name, value]) => String(t.layout[name]) === value));
   rows.sort((a, b) => {
     const va = column[2](a);
     const vb = column[2](b);
@@ -447,6 +586,30 @@ function drawTrials(data) {
   }
 }
 
+// A select per searched dimension ("tp: all", "tp 2", ...), kept across polls.
+function drawLayoutFilters(data) {
+  const holder = document.getElementById("layout-filters");
+  const names = Object.keys(data.dimensions || {});
+  const key = names.map((n) => `${n}=${data.dimensions[n].join(",")}`).join(";");
+  if (holder.dataset.key === key) return;
+  holder.dataset.key = key;
+  holder.replaceChildren();
+  view.layoutFilter = {};
+  for (const name of names) {
+    const select = document.createElement("select");
+    select.setAttribute("aria-label", `${name} filter`);
+    select.dataset.name = name;
+    select.appendChild(new Option(`${name}: all`, ""));
+    for (const value of data.dimensions[name]) select.appendChild(new Option(`${name} ${value}`, String(value)));
+    select.addEventListener("change", () => {
+      view.layoutFilter[name] = select.value;
+      drawTrials(view.data);
+    });
+    view.layoutFilter[name] = "";
+    holder.appendChild(select);
+  }
+}
+
 async function showTrial(number) {
   try {
     const t = await api(`campaigns/${encodeURIComponent(view.campaign)}/trials/${number}`);
@@ -480,7 +643,10 @@ function draw(data) {
   drawPareto(data);
   drawFidelity(data, data.campaign.objective_metric, "fidelity-objective", data.objective_label);
   drawFidelity(data, "peak_mem_bytes", "fidelity-memory", "memory/rank");
+  drawParallel(data);
+  drawTimeline(data);
   drawTrials(data);
+  refreshImportance(data);
 }
 
 async function refresh() {
