@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from parsearch.commands import COMMANDS
-from parsearch.errors import ParsearchError
+from parsearch.errors import ParsearchError, UsageError
 from parsearch.version import __version__
 
 # 128 + SIGPIPE: what a shell reports for a tool its pipe's reader stopped.
@@ -49,11 +49,36 @@ def _command_of(argv: Sequence[str]) -> str:
     return first if first in COMMANDS else ""
 
 
+def _open_standard_streams() -> None:
+    """Point a closed stdin, stdout or stderr (``parsearch run ... >&-``) at /dev/null.
+
+    Left closed, the next file opened takes its descriptor, and whatever is printed lands in
+    it (the store's database, a trial's log), while Python has no ``sys.stdout`` to print to
+    at all. With /dev/null what is printed is dropped and the command runs as it would.
+    """
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_streams()
     argv = sys.argv[1:] if argv is None else list(argv)
+    if _command_of(argv) in ("run", "resume"):
+        from parsearch.campaign.signals import hold_early_stops
+
+        hold_early_stops()  # before the imports that take seconds: a drain must not be lost
     parser = build_parser(_command_of(argv))
     try:
         args = parser.parse_args(argv)  # --help prints too
+        _require_working_directory()
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
         return code
@@ -70,6 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"parsearch {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _require_working_directory() -> None:
+    """Refuse to start in a working directory that was deleted: relative paths (``--store
+    a.db``), ``{launch_dir}`` and the trials' directories would all fail part-way."""
+    try:
+        os.getcwd()
+    except OSError as error:
+        raise UsageError(
+            f"the current working directory cannot be read ({error.strerror}: it was deleted "
+            "or its permissions changed); cd to an existing directory and run again"
+        ) from None
 
 
 def _stdout_reader_gone() -> bool:

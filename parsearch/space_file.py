@@ -17,6 +17,8 @@ UTF-16 file, ten thousand nested brackets, an integer with 5000 digits, or an al
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +153,30 @@ def _decode(data: bytes, source: str) -> str:
         ) from None
 
 
+def file_kind(mode: int) -> str | None:
+    """What a file that is not a regular one is (``None`` for a regular file)."""
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a named pipe (FIFO)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
+
+
 def read_document(path: Path) -> Any:
     """The YAML document in ``path``, read within the bounds above."""
     source = str(path)
     try:
-        with path.open("rb") as file:
+        # Non-blocking: opening a FIFO with no writer must not wait for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as file:
+            kind = file_kind(os.fstat(fd).st_mode)
+            if kind is not None:
+                raise SpaceError(f"is {kind}, not a space file (a regular file)", source=source)
             data = file.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise SpaceError("file not found", source=source) from None

@@ -124,14 +124,14 @@ def test_export_csv_matches_results(store, capsys, tmp_path):
     assert set(exported.key) == set(frame.key)
     assert "predicted.tokens_per_s" in exported.columns
     code, _, err = _cli(capsys, "export", "--store", str(store), "--out", str(tmp_path / "x.xls"))
-    assert code == 1 and ".csv" in err
+    assert code == 2 and ".csv" in err  # a usage error
 
 
 def test_query_errors_name_the_problem(tmp_path, capsys, store):
     code, _, err = _cli(capsys, "status", "--store", str(tmp_path / "none.db"))
-    assert code == 1 and "no store at" in err
+    assert code == 2 and "no store at" in err
     code, _, err = _cli(capsys, "top", "--store", str(store), "--name", "nope")
-    assert code == 1 and "no campaign 'nope'" in err and "rehearsal" in err
+    assert code == 2 and "no campaign 'nope'" in err and "rehearsal" in err
 
 
 @pytest.mark.e2e

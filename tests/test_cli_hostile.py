@@ -151,3 +151,188 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(command):
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert stderr == ""
+
+
+# -- Issue 29: the last tracebacks, hangs and exit codes. --------------------------------------
+
+
+def _cli(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "parsearch", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["plan", TINY, "--top", "-1"], "--top"),
+        (["trial", TINY, "--layout", "tp1 pp1 mbs1", "--lines", "-5"], "--lines"),
+        (["show", "--store", "s.db", "--trial", "0", "--lines", "-1"], "--lines"),
+        (["report", "--store", "s.db", "--out", "r", "--top", "-3"], "--top"),
+        (["plan", TINY, "--top", "9" * 5000], "--top"),
+        (["trial", TINY, "--layout", "tp" + "9" * 5000 + " pp1 mbs1"], "cannot read 'tp999"),
+        (["run", TINY, "--store", "s.db", "--lease-timeout", "1e8"], "[1, 86400]"),
+        (["run", TINY, "--store", "s.db", "--lease-timeout", "0.5"], "[1, 86400]"),
+        (["run", TINY, "--store", "s.db", "--lease-timeout", "nan"], "[1, 86400]"),
+        (["run", TINY, "--store", "s.db", "--lease-timeout", "soon"], "got 'soon'"),
+    ],
+    ids=lambda v: repr(v)[:50],
+)
+def test_negative_counts_huge_numbers_and_one_bound_exit_2(tmp_path, capsys, argv, named):
+    began = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        code = _exit_code(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert named in err and "Traceback" not in err
+    assert "(0, 3.15e+07]" not in err  # --lease-timeout quotes its own bound only
+    assert "running" not in err  # the trial never started
+    assert time.monotonic() - began < 10
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_show_with_zero_lines_shows_none(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    assert main(["run", TINY, "--store", str(db), "--budget", "1", "--backend", "simulate",
+                 "--quiet"]) == 0  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE trials SET log_tail = 'one\ntwo\nthree'")
+    capsys.readouterr()
+    assert main(["show", "--store", str(db), "--trial", "0", "--lines", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "log tail   (none stored)" in out and "three" not in out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("closed", ["stdout", "stderr", "both"])
+def test_a_closed_stdout_or_stderr_runs_the_campaign_quietly(tmp_path, closed):
+    """Closed at start (``>&-``): the campaign runs and exits 0; nothing is printed into a
+    file that took the closed descriptor (the store)."""
+    fds = {"stdout": [1], "stderr": [2], "both": [1, 2]}[closed]
+    script = (
+        "import os, sys\n"
+        f"for fd in {fds}: os.close(fd)\n"
+        "from parsearch.cli import main\n"
+        f"sys.exit(main(['run', {TINY!r}, '--store', 's.db', '--budget', '2', "
+        "'--backend', 'simulate']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    with open_store(tmp_path / "s.db", readonly=True) as store:
+        campaign = store.get_campaign()
+        assert len(store.trials(campaign.id)) == 2
+    assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA integrity_check").fetchone() == (
+        "ok",
+    )
+
+
+@pytest.mark.e2e
+def test_a_deleted_working_directory_exits_2(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        "import os, sys\n"
+        f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})\n"
+        "from parsearch.cli import main\n"
+        f"sys.exit(main(['run', {TINY!r}, '--store', 'a.db', '--backend', 'simulate']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "current working directory cannot be read" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    """A path of the given file kind (none of them a regular file)."""
+    path = tmp_path / f"special-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "device":
+        return Path("/dev/null")
+    elif kind == "symlink-loop":
+        os.symlink(tmp_path / "special-loop-b", path)
+        os.symlink(path, tmp_path / "special-loop-b")
+    elif kind == "missing":
+        pass
+    return path
+
+
+FILE_KINDS = ["fifo", "directory", "device", "symlink-loop", "missing"]
+STORE_COMMANDS = [
+    ["status"],
+    ["top"],
+    ["best"],
+    ["show", "--trial", "0"],
+    ["export", "--out", "x.csv"],
+    ["report", "--out", "r"],
+    ["resume"],
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_a_space_file_of_any_kind_exits_2_without_hanging(tmp_path, kind):
+    path = _special(tmp_path, kind)
+    for argv in (["plan", str(path)], ["run", str(path), "--store", "s.db", "--budget", "1"]):
+        began = time.monotonic()
+        done = _cli(argv, cwd=tmp_path)
+        assert time.monotonic() - began < 30
+        assert done.returncode == 2, (argv, done.stderr)
+        assert str(path) in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", FILE_KINDS)
+@pytest.mark.parametrize("command", STORE_COMMANDS, ids=lambda v: v[0])
+def test_a_store_of_any_kind_exits_2_without_hanging(tmp_path, kind, command):
+    path = _special(tmp_path, kind)
+    began = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        code = _exit_code([command[0], "--store", str(path), *command[1:]])
+    assert time.monotonic() - began < 10
+    assert code == 2, (kind, command)
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def done_store(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("done") / "done.db"
+    assert main(["run", TINY, "--store", str(db), "--budget", "1", "--backend", "simulate",
+                 "--quiet"]) == 0  # fmt: skip
+    return db
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["export", "--out", "{tmp}/x.txt"], "must end in one of"),
+        (["export", "--out", "{tmp}/no/such/dir/x.csv"], "does not exist"),
+        (["export", "--out", "{store}/x.csv"], "is not a directory"),
+        (["resume", "--name", "nope"], "no campaign 'nope'"),
+        (["status", "--name", "nope"], "no campaign 'nope'"),
+        (["report", "--out", "{store}"], "is a file, not a directory"),
+        (["report", "--out", "{store}/sub"], "is not a directory"),
+        (["report", "--name", "nope", "--out", "{tmp}/r"], "no campaign 'nope'"),
+    ],
+    ids=lambda v: repr(v)[:40],
+)
+def test_usage_errors_exit_2_quickly(done_store, tmp_path, capsys, argv, named):
+    argv = [a.format(tmp=tmp_path, store=done_store) for a in argv]
+    began = time.monotonic()
+    code = _exit_code([argv[0], "--store", str(done_store), *argv[1:]])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert time.monotonic() - began < 5  # the report's figures are not drawn first

@@ -310,7 +310,7 @@ def test_serve_binds_elsewhere_only_with_a_token(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PARSEARCH_SERVE_TOKEN", "from-env")
     assert resolve_token(None, "0.0.0.0") == "from-env"
     code = main(["serve", "--store", str(tmp_path / "none.db")])
-    assert code == 1 and "no store at" in capsys.readouterr().err
+    assert code == 2 and "no store at" in capsys.readouterr().err  # a usage error
 
 
 def test_the_cli_stays_light_without_the_serve_and_mlflow_extras():

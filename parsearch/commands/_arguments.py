@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from parsearch.backends import BACKENDS, parse_options
@@ -81,11 +82,35 @@ def session_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def lease_seconds(text: str) -> float:
-    """``--lease-timeout``: finite, and long enough for its heartbeats."""
+    """``--lease-timeout``: finite, and long enough for its heartbeats; one bound is quoted
+    whatever is wrong (not ``seconds``' own, which is wider)."""
     try:
-        return check_lease_timeout(seconds(text))
+        number = float(text)
+    except ValueError:
+        number = math.nan  # check_lease_timeout refuses it, quoting its bounds
+    try:
+        return check_lease_timeout(number)
     except UsageError as error:
-        raise ValueError(str(error)) from None
+        raise ValueError(str(error).replace("got nan", f"got {text[:50]!r}")) from None
+
+
+# The most lines or rows a listing option accepts (a log tail holds far fewer).
+MAX_ROWS = 1_000_000
+
+
+def rows(text: str) -> int:
+    """``--lines`` and ``--top``: a whole number of lines or rows, 0 to :data:`MAX_ROWS`."""
+    stripped = text.strip()
+    if not stripped.lstrip("+-").isdigit() or len(stripped) > 12:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of lines or rows, an integer in [0, {MAX_ROWS}], got {text[:50]!r}"
+        )
+    value = int(stripped)
+    if not 0 <= value <= MAX_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of lines or rows, an integer in [0, {MAX_ROWS}], got {value}"
+        )
+    return value
 
 
 def memory_size(text: str) -> int:

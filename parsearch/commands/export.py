@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments
+from parsearch.errors import StoreError, UsageError
 from parsearch.query import open_campaign
 from parsearch.tracking import make_tracker, track_target
 
@@ -30,9 +32,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def check_out(out: str) -> Path:
+    """``--out``: a known format in a directory that exists, checked before the store is
+    read (a usage error: exit 2)."""
+    from parsearch.store.frames import check_export_path
+
+    path = Path(out)
+    try:
+        check_export_path(path)
+    except StoreError as error:
+        raise UsageError(f"--out: {error}") from None
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"--out {out}: is a directory; give a file name such as {path}/x.csv")
+    if not parent.is_dir():
+        why = "does not exist" if not parent.exists() else "is not a directory"
+        raise UsageError(f"--out {out}: its directory {parent} {why}")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     if args.to is not None:
         return _to_tracker(args)
+    check_out(args.out)
     with open_campaign(args.store, args.name) as (store, campaign):
         path = store.export(campaign.id, args.out)
         count = sum(store.counts(campaign.id).values())

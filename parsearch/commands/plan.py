@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from parsearch.commands import COMMANDS
+from parsearch.commands._arguments import rows
 from parsearch.space import SpacePlan, apply_profile, load_space
 from parsearch.units import count_of, format_bytes
 
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "to run out of memory, or can run; and the best runnable ones by predicted objective.",
     )
     parser.add_argument("space", help="search-space YAML file")
-    parser.add_argument("--top", type=int, default=15, help="rows in the table (default 15)")
+    parser.add_argument("--top", type=rows, default=15, help="rows in the table (default 15)")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument(
         "--machine",

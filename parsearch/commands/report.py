@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from parsearch.commands import COMMANDS
+from parsearch.commands._arguments import rows
+from parsearch.errors import UsageError
+from parsearch.query import open_campaign
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,11 +23,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", required=True, help="results store (SQLite file)")
     parser.add_argument("--name", help="campaign name (default: the latest campaign)")
     parser.add_argument("--out", required=True, help="directory for index.html and PNGs")
-    parser.add_argument("--top", type=int, default=10, help="rows in the top table (default 10)")
+    parser.add_argument("--top", type=rows, default=10, help="rows in the top table (default 10)")
     parser.set_defaults(func=run)
 
 
+def check_out_dir(out: str) -> None:
+    """``--out``: a directory, or a path one can be made at (exit 2 otherwise), checked
+    before the figures are drawn."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out}: is a file, not a directory (the report is a directory)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--out {out}: {parent} is not a directory")
+            break
+
+
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
+    with open_campaign(args.store, args.name):  # a missing store or campaign fails fast
+        pass
     # Imported here: matplotlib and pandas cost a second that other commands need not pay.
     from parsearch.report import load_report_data, write_report
 

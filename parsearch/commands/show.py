@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.commands import COMMANDS
-from parsearch.commands._arguments import add_store_arguments
+from parsearch.commands._arguments import add_store_arguments, rows
 from parsearch.errors import ParsearchError
 from parsearch.failures import failure_reason
 from parsearch.formats import trial_document
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_store_arguments(parser)
     parser.add_argument("--trial", type=int, required=True, metavar="N", help="trial number")
-    parser.add_argument("--lines", type=int, default=40, help="log tail lines (default 40)")
+    parser.add_argument("--lines", type=rows, default=40, help="log tail lines (default 40)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.set_defaults(func=run)
 
@@ -120,7 +120,7 @@ def render_text(
     out += _mapping("predicted", record.predicted or {})
     if command is not None:
         out.append(f"  command    {shlex.join(command)}")
-    tail = record.log_tail.splitlines()[-lines:] if record.log_tail else []
+    tail = record.log_tail.splitlines()[-lines:] if record.log_tail and lines else []
     out.append(f"  log tail   ({len(tail)} lines)" if tail else "  log tail   (none stored)")
     out += [f"    {line}" for line in tail]
     return "\n".join(out)

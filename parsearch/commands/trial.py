@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.commands import COMMANDS
+from parsearch.commands._arguments import rows
 from parsearch.commands.plan import print_trainer_advice
 from parsearch.config import ParallelLayout
 from parsearch.errors import LayoutError
@@ -35,7 +36,8 @@ from parsearch.space import SearchSpace, load_space
 from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
-_TOKEN = re.compile(r"^(tp|pp|dp|mbs|gas|z|zero|vpp)(\d+)$|^rc=(\w+)$|^(sp)$")
+# At most 9 digits: a size no layout reaches, and int() of thousands of digits is refused.
+_TOKEN = re.compile(r"^(tp|pp|dp|mbs|gas|z|zero|vpp)(\d{1,9})$|^rc=(\w+)$|^(sp)$")
 _FIELDS = {"z": "zero_stage", "zero": "zero_stage"}
 
 
@@ -55,8 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sp); dp is derived, and dimensions the space fixes may be left out",
     )
     parser.add_argument("--workdir", help="keep the trial's directory (logs, files) here")
-    parser.add_argument("--lines", type=int, default=30, help="log tail lines (default 30)")
+    parser.add_argument("--lines", type=rows, default=30, help="log tail lines (default 30)")
     parser.set_defaults(func=run)
+
+
+def _cut(text: str, most: int = 60) -> str:
+    """``text`` quoted for a message, cut when long (a token of thousands of digits)."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
 
 
 def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
@@ -66,7 +73,7 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
         match = _TOKEN.match(token)
         if match is None:
             raise LayoutError(
-                f'--layout: cannot read {token!r}; write e.g. "tp2 pp1 mbs4 gas2" '
+                f'--layout: cannot read {_cut(token)}; write e.g. "tp2 pp1 mbs4 gas2" '
                 "(tpN ppN dpN mbsN gasN zN vppN rc=none|selective|full sp)"
             )
         name, number, recompute, sp = match.groups()
@@ -99,7 +106,7 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
             )
     problems = layout_problems(space, layout)
     if problems:
-        raise LayoutError(f"--layout {text!r} cannot run: {'; '.join(problems)}")
+        raise LayoutError(f"--layout {_cut(text)} cannot run: {'; '.join(problems)}")
     return layout
 
 
@@ -169,7 +176,7 @@ def render(
         out.append("metrics  " + json.dumps(_shown(result.metrics), indent=None))
     if kept is not None:
         out.append(f"files    {kept}")
-    tail = result.log_tail.splitlines()[-lines:]
+    tail = result.log_tail.splitlines()[-lines:] if lines else []
     out.append(f"log tail ({len(tail)} lines)" if tail else "log tail (empty)")
     out += [f"  {line}" for line in tail]
     return "\n".join(out)

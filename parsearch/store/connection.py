@@ -31,6 +31,7 @@ import contextlib
 import os
 import resource
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,38 @@ from urllib.parse import quote
 from parsearch.errors import StoreError, StoreFullError
 
 MEMORY = ":memory:"
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file that is not a regular one is (``None`` for a regular file); the store's
+    own copy of :func:`parsearch.space_file.file_kind` (the store imports no loader)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+class NoSuchCampaignError(StoreError):
+    """``--name`` names no campaign of the store: a usage error (exit 2)."""
+
+    exit_code = 2
+
+
+class StorePathError(StoreError):
+    """The store path names no store: none there for a reader, or not a regular file (a
+    directory, a FIFO, a device, a symbolic-link loop). A usage error: exit 2."""
+
+    exit_code = 2
+
+
 # A write failure with less than this free on the store's filesystem is taken for a full disk.
 LOW_SPACE_BYTES = 1 << 20
 
@@ -66,7 +99,30 @@ class Database:
                 self._conn.close()
                 raise self.error(exc, "opening it") from exc
 
+    def _check_path(self) -> None:
+        """Refuse, before SQLite opens it, a path that is not a store file: SQLite would
+        block forever reading a FIFO and a device, or fail later with a vaguer error."""
+        path = Path(self.path)
+        try:
+            mode = path.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if self.readonly or not path.parent.is_dir():
+                raise StorePathError(self._cannot_open()) from None
+            return  # a writer creates it (or says why it cannot)
+        except OSError as error:  # a symbolic-link loop, a name too long...
+            raise StorePathError(f"cannot open store {path}: {error.strerror}") from None
+        kind = file_kind(mode)
+        if kind == "a directory":
+            example = path / "parsearch.db"
+            raise StorePathError(
+                f"{path} is a directory; give the store a file name such as {example}"
+            )
+        if kind is not None:
+            raise StorePathError(f"store {path} is {kind}, not a store file (a regular file)")
+
     def _connect(self) -> sqlite3.Connection:
+        if self.path != MEMORY:
+            self._check_path()
         if self.path == MEMORY:
             if self.readonly:
                 raise StoreError("an in-memory store cannot be opened read-only: it is empty")

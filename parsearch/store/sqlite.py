@@ -26,7 +26,7 @@ import parsearch.store.schema as schema
 from parsearch.config import ParallelLayout
 from parsearch.errors import CampaignLockedError, StoreError
 from parsearch.result import TrialResult, TrialState
-from parsearch.store.connection import Database
+from parsearch.store.connection import Database, NoSuchCampaignError
 from parsearch.store.liveness import process_identity, provably_dead
 from parsearch.store.records import (
     CAMPAIGN_COLUMNS,
@@ -234,7 +234,7 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 names = [n for (n,) in conn.execute("SELECT name FROM campaigns ORDER BY id")]
-                raise StoreError(
+                raise NoSuchCampaignError(
                     f"no campaign '{name}' in store {self.path}; "
                     + (f"it has {names}" if names else "it has none yet")
                 )
