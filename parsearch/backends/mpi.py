@@ -484,7 +484,8 @@ def serve_if_worker() -> bool:
     if comm.Get_rank() != 0:
         serve(comm)
         return True
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if _under_hydra():  # under srun, SIGUSR1 is Slurm's warning: the early handler keeps it
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     atexit.register(_at_exit, comm)
     return False
 

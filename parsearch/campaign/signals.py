@@ -15,6 +15,28 @@ import time
 from collections.abc import Iterator
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# What arrived before the session could listen (hold_early_stops), for it to replay.
+_early: list[str] = []
+
+
+def hold_early_stops() -> None:
+    """Record SIGTERM and SIGUSR1 that arrive while a driver starts, for the session to act
+    on once it listens (:meth:`StopRequest.on_signals`).
+
+    Importing torch and DeepHyper takes seconds, and a scheduler does not wait: Slurm's
+    warning before the time limit, a ``scancel`` or a requeue may come meanwhile. Left to
+    their default action they kill the process before it can drain, or (SIGUSR1 ignored
+    under MPI) the warning is lost and the job runs into its limit. Called by the command
+    line before it imports a command; SIGINT keeps its KeyboardInterrupt.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def early(signum: int, frame: object) -> None:
+        _early.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, early)
 
 
 class StopRequest:
@@ -54,6 +76,8 @@ class StopRequest:
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, handler)
+        while _early:
+            self.request(_early.pop(0))
         try:
             yield self
         finally:
