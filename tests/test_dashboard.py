@@ -13,12 +13,15 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from dataclasses import replace
 
 import httpx
 import pytest
 import serve_load
-from dashboard_stores import SCALES, write_store
+from dashboard_stores import SCALES, write_campaign, write_store
 from headless_chromium import browser, find_browser
+
+from parsearch.store import CampaignStatus, open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,6 +40,15 @@ def site(tmp_path_factory):
     if chromium is None:
         pytest.skip("no Chromium here: .ci/run installs Debian's chromium package")
     db = write_store(tmp_path_factory.mktemp("dashboard") / "scales.db")
+    with open_store(db) as store:
+        # Left "running" by a driver killed with -9: its lease goes stale at once.
+        write_campaign(store, replace(SCALES[0], name="killed"))
+        killed = store.get_campaign("killed")
+        store.update_campaign(killed.id, status=CampaignStatus.RUNNING, finished_at=None)
+        store.acquire_lease(killed.id, "killed-driver", stale_after_s=0.05)
+        # Ran out of untried layouts 5 trials into a budget of 50.
+        write_campaign(store, replace(SCALES[0], name="exhausted"))
+        store.update_campaign(store.get_campaign("exhausted").id, budget=50)
     with serve_load.serving(db, serve_load.free_port()) as (base, _), browser(chromium) as opened:
         yield base, opened
 
@@ -256,3 +268,24 @@ def test_parallel_coordinates_timeline_filters_and_importance_match_the_api(site
         assert sorted(bars) == sorted(dimensions) and found["r2"] is not None
     else:
         assert not bars and found["note"].startswith("needs 10 successful trials")
+
+
+PROGRESS = """(() => Object.fromEntries(["campaign-status", "progress-text", "eta", "driver"].map(
+  (id) => [id, document.getElementById(id).textContent])))()"""
+
+
+def test_a_killed_driver_and_an_exhausted_space_read_as_such(site):
+    base, chromium = site
+    with chromium.page(f"{base}/?campaign=killed", *DESKTOP) as page:
+        killed = page.evaluate(PROGRESS)
+    assert api(base, "campaigns/killed/status")["live"] is False
+    assert killed["campaign-status"] == "not running" and "ETA" not in killed["eta"]
+    assert "it seems dead" in killed["driver"] and "parsearch resume" in killed["driver"]
+    with chromium.page(f"{base}/?campaign=exhausted", *DESKTOP) as page:
+        exhausted = page.evaluate(PROGRESS)
+    assert exhausted["campaign-status"] == "finished"
+    assert exhausted["progress-text"].startswith("5 / 50 trials")
+    assert (
+        exhausted["eta"] == "ended before its budget: no untried layout left: every layout "
+        "of the space that can run was tried"
+    )
