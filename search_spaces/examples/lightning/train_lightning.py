@@ -28,23 +28,25 @@ for name, default in (("mbs", 2), ("gas", 1), ("steps", 6), ("seq-length", 64), 
                       ("hidden", 64), ("heads", 4), ("vocab", 256), ("seed", 0),
                       ("fail-on-rank", -1)):  # fmt: skip
     parser.add_argument(f"--{name}", type=int, default=default)
+parser.add_argument("--root-dir", default=".", help="Lightning's default_root_dir")
 args = parser.parse_args()
 torch.manual_seed(args.seed)
 torch.set_num_threads(1)
 
 
 class RandomTokens(Dataset):
-    """``size`` sequences of random token ids (inputs and next-token targets)."""
+    """``size`` sequences of random token ids (inputs and next-token targets), each made
+    when asked for (from its index), so a long run holds none of them."""
 
     def __init__(self, size: int) -> None:
-        generator = torch.Generator().manual_seed(args.seed)
-        self.data = torch.randint(0, args.vocab, (size, args.seq_length + 1), generator=generator)
+        self.size = size
 
     def __len__(self) -> int:
-        return len(self.data)
+        return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        row = self.data[index]
+        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + index)
+        row = torch.randint(0, args.vocab, (args.seq_length + 1,), generator=generator)
         return row[:-1], row[1:]
 
 
@@ -111,6 +113,7 @@ trainer = L.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
     callbacks=[StepTimes()],
+    default_root_dir=args.root_dir,
 )
 loader = DataLoader(RandomTokens(samples), batch_size=args.mbs, shuffle=False)
 trainer.fit(TinyGPT(), loader)
