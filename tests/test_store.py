@@ -84,7 +84,9 @@ def test_campaign_round_trips(store: Store) -> None:
     assert (created.budget, created.backend, created.settings) == (
         20,
         "simulate",
-        {"parallel_trials": 2},
+        # Settings without a backend read back with the campaign's (a resume never falls
+        # back to another backend's default).
+        {"parallel_trials": 2, "backend": "simulate"},
     )
     assert created.objective_metric == "tflops_per_device"
     assert created.status is CampaignStatus.CREATED and created.finished_at is None

@@ -33,6 +33,7 @@ from parsearch.store.records import (
     TRIAL_COLUMNS,
     Campaign,
     CampaignStatus,
+    DamagedRowError,
     LeaseHolder,
     TrialRecord,
     campaign_from_row,
@@ -83,6 +84,9 @@ def _software_versions() -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[package] = importlib.metadata.version(package)
     return versions
+
+
+_STATE_VALUES = frozenset(state.value for state in TrialState)
 
 
 class SQLiteStore:
@@ -660,7 +664,11 @@ class SQLiteStore:
                 (campaign_id,),
             ).fetchall()
         counts = dict.fromkeys(TrialState, 0)
-        counts.update({TrialState(state): n for state, n in rows})
+        for state, n in rows:
+            if state not in _STATE_VALUES:  # a hand edit: the checked read names the trial
+                self.trials(campaign_id)
+                raise DamagedRowError(f"a trial of campaign {campaign_id} has state {state!r}")
+            counts[TrialState(state)] = n
         return counts
 
     def device_seconds(self, campaign_id: int) -> dict[str, float]:
@@ -777,7 +785,16 @@ class SQLiteStore:
                 f"SELECT {FRAME_COLUMNS} FROM trials WHERE campaign_id = ? ORDER BY number",
                 (campaign_id,),
             ).fetchall()
-        return trials_frame(rows)
+        try:
+            return trials_frame(rows)
+        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
+            # A row no store writes (pandas' own errors derive from these): the checked
+            # read names it; failing that, say what the table could not hold.
+            self.trials(campaign_id)
+            raise DamagedRowError(
+                f"the trials of campaign {campaign_id} cannot form a table ({error}); a row "
+                "was changed by hand or by another program"
+            ) from None
 
     def export(self, campaign_id: int, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`dataframe` to ``path``: ``.csv`` or ``.parquet``, by suffix."""
