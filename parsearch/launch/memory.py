@@ -24,13 +24,13 @@ from collections.abc import Iterable
 KIB = 1024
 
 
-def process_tree(root: int) -> list[int]:
-    """``root`` and every live process below it (via /proc; empty off Linux)."""
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, from one read of /proc (empty off Linux)."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for name in names:
         if not name.isdigit():
             continue
@@ -42,6 +42,13 @@ def process_tree(root: int) -> list[int]:
         fields = stat.rsplit(b")", 1)[1].split()  # after the command name: state, ppid
         if fields[0] != b"Z":
             children.setdefault(int(fields[1]), []).append(int(name))
+    return children
+
+
+def process_tree(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """``root`` and every live process below it (``children``: one :func:`_children`
+    read shared by several roots)."""
+    children = _children() if children is None else children
     found = [root]
     todo = [root]
     while todo:
@@ -63,10 +70,11 @@ def high_water_rss(pid: int) -> int:
     return 0
 
 
-def peak_rss(roots: Iterable[int]) -> int:
-    """The largest peak resident set among ``roots`` and their descendants, in bytes."""
-    peak = 0
-    for root in roots:
-        for pid in process_tree(root):
-            peak = max(peak, high_water_rss(pid))
-    return peak
+def peak_rss(roots: Iterable[int]) -> dict[int, int]:
+    """Each root's largest peak resident set among it and its descendants, in bytes (one
+    scan of /proc for all of them: a node's agent samples every rank a few times a second)."""
+    children = _children()
+    return {
+        root: max((high_water_rss(pid) for pid in process_tree(root, children)), default=0)
+        for root in roots
+    }

@@ -401,8 +401,9 @@ class NodeRun:
 
     def _sample_memory(self) -> None:
         """Each rank's peak resident set so far (its process and every descendant)."""
+        peaks = peak_rss(rank.pid for rank in self.ranks)
         for rank in self.ranks:
-            rank.peak_rss_bytes = max(rank.peak_rss_bytes, peak_rss([rank.pid]))
+            rank.peak_rss_bytes = max(rank.peak_rss_bytes, peaks.get(rank.pid, 0))
 
     def _finish(self, forced: TrialState | None) -> TrialResult:
         """Kill whatever is left, reap every rank, and build the result."""
