@@ -160,3 +160,33 @@ def test_a_device_profile_times_the_element_wise_work_at_its_memory_bandwidth():
         SMALL, layout, one_node, EstimateSettings(dropout=True, machine=profile)
     )[0]
     assert profiled - plain == pytest.approx(4 * expected / 1e12)  # 4 layers, 1 TB/s
+
+
+def test_a_device_profiles_attention_kernel_times_the_attention_flops():
+    from parsearch.estimate.flops import flops_breakdown
+    from parsearch.estimate.machine import MachineProfile
+
+    layout = ParallelLayout(tp=2, pp=1, dp=1, mbs=2, gas=1)
+    one_node = AllocationSpec(**{**DGX.__dict__, "nodes": 1})
+    profile = MachineProfile("m", None, 8, "bf16", 312e12, attention_flops=100e12)
+    plain = EstimateSettings(machine=MachineProfile("m", None, 8, "bf16", 312e12))
+    fused = EstimateSettings(machine=profile)
+    attention = flops_breakdown(SMALL, 2)["attention"] / 2  # per TP rank, 4 layers
+    plain_s = stage_compute_s(SMALL, layout, one_node, plain)[0]
+    fused_s = stage_compute_s(SMALL, layout, one_node, fused)[0]
+    # Only the attention term changes: its FLOPs at 100 TFLOP/s instead of the curve's.
+    from parsearch.estimate.timing import _curve
+
+    curve = _curve(2 * 16 / 2 * 1024**2, plain)
+    assert fused_s - plain_s == pytest.approx(attention / 100e12 - attention / (312e12 * curve))
+    # Unfused attention (flash off) is not what the kernel measured: the curve stays.
+    off = EstimateSettings(machine=profile, flash_attention=False)
+    assert stage_compute_s(SMALL, layout, one_node, off)[0] == pytest.approx(
+        stage_compute_s(SMALL, layout, one_node, replace_machine(off, plain))[0]
+    )
+
+
+def replace_machine(settings, other):
+    import dataclasses
+
+    return dataclasses.replace(settings, machine=other.machine)

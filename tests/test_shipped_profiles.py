@@ -32,6 +32,7 @@ def test_a_shipped_profile_loads_with_its_sources(name):
     again = profile_from_dict(profile_to_dict(profile), source=profile.path)
     assert again.gemm_shapes == profile.gemm_shapes
     assert again.sources == profile.sources and again.nodes is None
+    assert again.attention_flops == profile.attention_flops
     for fit, back in zip(profile.collectives, again.collectives, strict=True):
         assert back.beta_s_per_byte == pytest.approx(fit.beta_s_per_byte, rel=1e-5)
         assert back.alpha_s == pytest.approx(fit.alpha_s, rel=1e-5)
@@ -94,3 +95,8 @@ def test_a_shipped_name_made_absolute_still_names_the_shipped_profile(tmp_path):
     (tmp_path / "mi250x-frontier").write_text("name: mine")
     assert resolve(str(tmp_path / "mi250x-frontier")) == tmp_path / "mi250x-frontier"
     assert resolve("h100-sxm-dgx.yaml", tmp_path) == tmp_path / "h100-sxm-dgx.yaml"
+
+
+def test_the_hopper_profiles_time_attention_at_flashattention_2s_published_rate():
+    for name in ("h100-sxm-dgx", "h200-sxm-hgx"):
+        assert load_profile(name).attention_flops == pytest.approx(0.35 * 989e12, rel=1e-3)

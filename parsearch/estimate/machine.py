@@ -144,6 +144,8 @@ class MachineProfile:
     # kernel reaches (what element-wise layers and the optimizer step run at).
     device_memory_bytes: float | None = None
     memory_bandwidth_bytes_per_s: float | None = None
+    # What a fused (flash) attention kernel reaches, forward and backward, FLOP/s.
+    attention_flops: float | None = None
     device: str = ""
     # Where each figure came from, one line per figure (a shipped profile's sources).
     sources: tuple[str, ...] = ()

@@ -11,6 +11,7 @@ A profile looks like::
     peak_tflops: 0.05
     memory_per_device: 64GiB                    # optional: usable by a trainer
     memory_bandwidth: 1.3TB/s                   # optional: what a streaming kernel reaches
+    attention_tflops: 346                       # optional: fused attention, fwd+bwd
     measured: {by: parsearch probe, backend: local, ...}   # free-form: how
     sources: [...]                              # optional: where each figure came from
     gemm:
@@ -62,6 +63,7 @@ _TOP_KEYS = (
     "peak_tflops",
     "memory_per_device",
     "memory_bandwidth",
+    "attention_tflops",
     "measured",
     "sources",
     "gemm",
@@ -237,6 +239,11 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
             if "memory_bandwidth" in top
             else None
         ),
+        attention_flops=(
+            1e12 * read.number(top["attention_tflops"], "attention_tflops", high=peak / 1e12)
+            if "attention_tflops" in top
+            else None
+        ),
         device=read.text(top["device"], "device") if "device" in top else "",
         sources=tuple(read.text(line, f"sources[{i}]") for i, line in enumerate(sources)),
     )
@@ -324,6 +331,8 @@ def profile_to_dict(
         data["memory_per_device"] = f"{profile.device_memory_bytes:.0f}B"
     if profile.memory_bandwidth_bytes_per_s is not None:
         data["memory_bandwidth"] = f"{profile.memory_bandwidth_bytes_per_s / 1e9:.6g}GB/s"
+    if profile.attention_flops is not None:
+        data["attention_tflops"] = profile.attention_flops / 1e12
     if measured:
         data["measured"] = measured
     elif profile.source:

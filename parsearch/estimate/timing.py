@@ -216,6 +216,10 @@ def stage_compute_s(
     layers = model.num_layers
     heads_per_rank = model.num_heads / t
     attention_eff = _curve(layout.mbs * heads_per_rank * model.seq_length**2, settings)
+    machine = settings.machine
+    if settings.flash_attention and machine is not None and machine.attention_flops:
+        # A device profile's fused-attention kernel, measured forward and backward.
+        attention_eff = machine.attention_flops / peak
     logits_eff = _curve(layout.mbs * model.seq_length * model.vocab_size / t, settings)
     layer_s = per_mb["matmul"] / layers / t / (peak * gemm_efficiency(model, layout, settings))
     layer_s += per_mb["attention"] / layers / t / (peak * attention_eff)
@@ -224,7 +228,6 @@ def stage_compute_s(
         layer_s += unfused_softmax_bytes(model, layout, settings) / memory_bandwidth(
             allocation, settings
         )
-    machine = settings.machine
     if machine is not None and machine.memory_bandwidth_bytes_per_s:
         layer_s += elementwise_bytes(model, layout, settings) / memory_bandwidth(
             allocation, settings
