@@ -336,3 +336,41 @@ def test_usage_errors_exit_2_quickly(done_store, tmp_path, capsys, argv, named):
     err = capsys.readouterr().err
     assert code == 2 and named in err and "Traceback" not in err, err
     assert time.monotonic() - began < 5  # the report's figures are not drawn first
+
+
+@pytest.mark.e2e
+def test_a_killed_trials_temporary_directory_is_owned_and_cleaned(tmp_path):
+    """``parsearch trial`` killed with kill -9: its directory carries its owner, so the next
+    parsearch that makes one removes it."""
+    import signal
+
+    import yaml
+
+    from parsearch import tempdirs
+
+    space = {
+        "name": "sleepy",
+        "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+                  "seq_length": 32},
+        "allocation": {"nodes": 1, "devices_per_node": 1, "device": "cpu",
+                       "device_memory": "1GiB", "peak_tflops": 0.05},
+        "search": {"tp": 1, "pp": 1, "mbs": 1, "gas": 1},
+        "trainer": {"kind": "command", "parser": "json", "timeout": 120,
+                    "command": [sys.executable, "-c", "import time; time.sleep(120)"]},
+    }  # fmt: skip
+    path = tmp_path / "sleepy.yaml"
+    path.write_text(yaml.safe_dump(space))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "parsearch", "trial", str(path), "--layout", "tp1 pp1 mbs1 gas1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert "running" in child.stderr.readline()
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    left = [p for p in scratch.iterdir() if p.name.startswith(f"parsearch-trial-p{child.pid}-")]
+    assert len(left) == 1 and (left[0] / ".parsearch-owner").exists()
+    assert left[0] in tempdirs.remove_dead_owners(scratch)
+    assert not left[0].exists()

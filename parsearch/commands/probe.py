@@ -8,12 +8,14 @@ come back in the trial's result and are fitted here into a machine profile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
+import shutil
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -26,6 +28,7 @@ from parsearch.estimate.profile import profile_to_dict
 from parsearch.probe.fit import fit_profile, tp_in_situ
 from parsearch.probe.plan import ProbePlan, plan_for, probe_spec
 from parsearch.space import load_space
+from parsearch.tempdirs import owned_tempdir
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise ParsearchError(f"{args.space}: {error}") from None
     options = parse_options(args.backend_opt)
-    with tempfile.TemporaryDirectory(prefix="parsearch-probe-") as scratch:
+    # Owned: a probe killed with kill -9 leaves it to the next parsearch to remove.
+    with _owned_scratch("probe") as scratch:
         if args.backend == "local":
             options.setdefault("workdir", scratch)  # to follow rank 0's progress lines
         backend = create_backend(args.backend, space, slots=1, options=options)
@@ -179,3 +183,14 @@ def _summary(profile, say) -> None:
             f"  {fit.op:<14} x{fit.group_size} {fit.kind:<16} latency {fit.alpha_s * 1e6:8.1f} us, "
             f"{1 / fit.beta_s_per_byte / 1e9:7.3f} GB/s"
         )
+
+
+@contextlib.contextmanager
+def _owned_scratch(kind: str) -> Iterator[str]:
+    """A temporary directory with an owner marker (:mod:`parsearch.tempdirs`), removed at
+    the end; one left by a killed probe goes when the next parsearch makes one."""
+    path = owned_tempdir(kind)
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

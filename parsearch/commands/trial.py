@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from parsearch.result import TrialResult
 from parsearch.sanitize import shown
 from parsearch.search.candidates import layout_problems, raw_layout
 from parsearch.space import SearchSpace, load_space
+from parsearch.tempdirs import owned_tempdir
 from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
 
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         memory_cap_bytes=space.memory_cap_bytes,
     )
     keep = args.workdir is not None
-    workdir = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="parsearch-trial-"))
+    # Owned: a trial killed with kill -9 leaves it to the next parsearch to remove.
+    workdir = Path(args.workdir) if keep else owned_tempdir("trial")
     trial_dir = (workdir / spec.trial_id).resolve()
     try:
         result, commands = run_trial(spec, trial_dir)
