@@ -278,6 +278,7 @@ STORE_COMMANDS = [
     ["export", "--out", "x.csv"],
     ["report", "--out", "r"],
     ["resume"],
+    ["serve"],
 ]
 
 

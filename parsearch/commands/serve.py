@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be in 0..65535, got {args.port}")
     token = resolve_token(args.token, args.host)
+    from parsearch.store import open_store
+
+    open_store(args.store, readonly=True).close()  # a missing store fails before the imports
     try:
         import uvicorn
 
