@@ -42,6 +42,7 @@ from parsearch.space import (
 )
 from parsearch.store import (
     Campaign,
+    CampaignExistsError,
     CampaignStatus,
     Store,
     TrialRecord,
@@ -224,6 +225,16 @@ def start_campaign(
                     "launch_dir": os.getcwd(),  # {launch_dir}, the same on every resume
                 },
                 objective_metric=space.objective,
+            )
+        except CampaignExistsError:
+            # Another `run --resume` created it since the look above (two jobs of a chain
+            # started together): continue it as that branch would (exit 75 while it runs).
+            parts.close()
+            if resume_overrides is None:
+                raise
+            campaign = chosen_campaign(store, name)
+            return _continue(
+                store, campaign, budget, resume_overrides, progress, stop, observers, backend
             )
         except BaseException:
             parts.close()

@@ -17,7 +17,7 @@ from parsearch.store.records import (
     fidelity_note,
 )
 from parsearch.store.schema import SCHEMA_VERSION
-from parsearch.store.sqlite import SQLiteStore
+from parsearch.store.sqlite import CampaignExistsError, SQLiteStore
 
 
 def open_store(path: str | os.PathLike[str], readonly: bool = False) -> Store:
@@ -28,6 +28,7 @@ def open_store(path: str | os.PathLike[str], readonly: bool = False) -> Store:
 __all__ = [
     "SCHEMA_VERSION",
     "Campaign",
+    "CampaignExistsError",
     "CampaignStatus",
     "LeaseHolder",
     "SQLiteStore",

@@ -89,6 +89,11 @@ def _software_versions() -> dict[str, str]:
 _STATE_VALUES = frozenset(state.value for state in TrialState)
 
 
+class CampaignExistsError(StoreError):
+    """:meth:`SQLiteStore.create_campaign` of a name the store holds (another driver may
+    have created it an instant before: ``run --resume`` then continues it)."""
+
+
 class SQLiteStore:
     """Campaigns and their trials in one SQLite file (or in memory, for tests).
 
@@ -205,7 +210,7 @@ class SQLiteStore:
                 "SELECT created_at FROM campaigns WHERE name = ?", (name,)
             ).fetchone()
             if existing:
-                raise StoreError(
+                raise CampaignExistsError(
                     f"campaign '{name}' already exists in {self.path} (created "
                     f"{_when(existing[0])}); continue it with `parsearch resume`, or choose "
                     f"another name"
