@@ -5,17 +5,49 @@ Everything is made here: the model from a ``GPT2Config`` (no hub download; run w
 ``HF_HUB_OFFLINE=1``) and random token ids as the data set. The layout reaches the Trainer
 as it would in any user's script: ``--mbs`` is ``per_device_train_batch_size``, ``--gas``
 ``gradient_accumulation_steps``; under ``torchrun`` the Trainer wraps the model in DDP over
-gloo. The Trainer prints its own log lines, which the space's regex patterns read: a
-``{'loss': ...}`` dictionary every step and, once at the end, ``train_samples_per_second``.
+gloo. The Trainer prints a ``{'loss': ...}`` dictionary every step and, once at the end,
+``train_samples_per_second`` -- a figure for the whole run, start-up and first steps
+included. So a ``TrainerCallback`` (the Trainer's public hook) prints each optimizer step's
+wall time, which the space's patterns read, with the warm-up steps left out by parsearch:
+
+    launch world_size=2 global_batch=8
+    step 3 step_time=0.041200
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+
+class StepTimes(TrainerCallback):
+    """Prints each optimizer step's wall time, and the world size and global batch the
+    Trainer runs, on the main process (the Trainer prints neither)."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            print(f"launch world_size={args.world_size} global_batch={batch * args.world_size}")
+        self.last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if state.is_world_process_zero:
+            print(f"step {state.global_step} step_time={now - self.last:.6f}", flush=True)
+        self.last = now
 
 
 class RandomTokens(Dataset):
@@ -72,7 +104,7 @@ def main() -> None:
         seed=args.seed,
     )
     data = RandomTokens(samples, args.seq_length, args.vocab, args.seed)
-    Trainer(model=model, args=training, train_dataset=data).train()
+    Trainer(model=model, args=training, train_dataset=data, callbacks=[StepTimes()]).train()
     if torch.distributed.is_initialized():
         # Left to interpreter exit, gloo's threads can abort the rank ("terminate called
         # without an active exception") after the run has printed its figures.
