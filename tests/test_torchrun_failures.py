@@ -107,3 +107,19 @@ def test_a_recorded_error_is_not_followed_by_the_launchers_exception():
     error = "node 0 exited with code 1: rank 1: RuntimeError: boom"
     assert failure_reason(error, tail) == error
     assert failure_reason("rank 0 exited with code 1", tail).endswith("ChildFailedError:")
+
+
+def test_a_main_wrapped_in_torchs_record_is_read_from_torchs_own_file(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, time\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise ValueError('vocab size 50257 is not divisible by tp 2')\n"
+        "    time.sleep(30)\n"
+        "main()\n"
+    )
+    result = run(torchrun_spec(str(script), tmp_path), tmp_path / "trial")
+    assert "rank 1: ValueError: vocab size 50257 is not divisible by tp 2" in result.error
