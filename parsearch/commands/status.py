@@ -88,10 +88,11 @@ def render_text(
         lines.append(f"  ETA      {format_duration(progress.eta_s)}")
     if progress.driver is not None:
         driver, silent = progress.driver, progress.driver_silent_s or 0.0
-        line = (
-            f"  driver   pid {driver.pid} on {driver.host}, last heartbeat "
-            f"{format_duration(silent)} ago"
-        )
+        ahead = driver.heartbeat_at - progress.read_at
+        when = f"{format_duration(silent)} ago"
+        if ahead > 1.0:  # the driver's host clock runs ahead of this one's
+            when = f"dated {format_duration(ahead)} ahead of this host's clock"
+        line = f"  driver   pid {driver.pid} on {driver.host}, last heartbeat {when}"
         if progress.driver_gone:
             line += "; it seems dead: `parsearch resume` takes the campaign over"
         lines.append(line)

@@ -369,11 +369,25 @@ class SQLiteStore:
             why = f"its process (pid {pid} on this host) has exited"
         elif silent_s >= threshold:
             why = f"silent for {silent_s:.0f} s"
+        elif -silent_s > threshold:
+            # Dated further ahead than a lease timeout: the holder's clock runs ahead, and a
+            # date in the future proves nothing about it being alive (waiting would block
+            # the campaign until then plus the timeout). Taking over is safe: the fence
+            # stops a holder that is alive after all at its next write.
+            why = (
+                f"its heartbeat is dated {-silent_s:.0f} s ahead of this host's clock "
+                f"(more than its {threshold:g} s lease timeout: the clocks disagree)"
+            )
         else:
+            when = (
+                f"was {silent_s:.0f} s ago"
+                if silent_s >= 0
+                else f"is dated {-silent_s:.0f} s ahead of this host's clock"
+            )
             raise CampaignLockedError(
                 f"campaign '{name}' is being run by another parsearch driver "
                 f"on {host} (pid {pid}, owner {holder}) since {_when(since)}; its last "
-                f"heartbeat was {max(silent_s, 0.0):.0f} s ago. Stop that driver or "
+                f"heartbeat {when}. Stop that driver or "
                 f"wait for it; a driver that died is taken over once its heartbeat "
                 f"is {threshold:g} s old (the holder's lease timeout)"
             )
