@@ -17,6 +17,7 @@ from parsearch.failures import (
     group_failures,
 )
 from parsearch.query import CampaignProgress, campaign_progress, open_campaign, status_document
+from parsearch.sanitize import shown
 from parsearch.store import CampaignStatus, fidelity_note
 
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(status_document(progress, failures), indent=2))
     else:
-        print(render_text(progress, others, failures))
+        print(shown(render_text(progress, others, failures)))  # stored text from trainers
     return 0
 
 
