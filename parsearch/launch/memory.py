@@ -70,11 +70,15 @@ def high_water_rss(pid: int) -> int:
     return 0
 
 
-def peak_rss(roots: Iterable[int]) -> dict[int, int]:
-    """Each root's largest peak resident set among it and its descendants, in bytes (one
-    scan of /proc for all of them: a node's agent samples every rank a few times a second)."""
+def trees(roots: Iterable[int]) -> dict[int, list[int]]:
+    """Each root's process tree, from one scan of /proc for all of them (a node's agent
+    samples every rank a few times a second)."""
     children = _children()
+    return {root: process_tree(root, children) for root in roots}
+
+
+def peak_rss(found: dict[int, list[int]]) -> dict[int, int]:
+    """Each root's largest peak resident set among the processes of its tree, in bytes."""
     return {
-        root: max((high_water_rss(pid) for pid in process_tree(root, children)), default=0)
-        for root in roots
+        root: max((high_water_rss(pid) for pid in pids), default=0) for root, pids in found.items()
     }

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parsearch.launch.memory import peak_rss
+from parsearch.launch.device_memory import device_use
+from parsearch.launch.memory import peak_rss, trees
 from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
@@ -83,6 +84,7 @@ COLLATERAL_MARKERS = (
 # The agent's own measure of a node's peak memory per process (parsearch.launch.memory), in a
 # result's metrics; sampled at most this often while the ranks run.
 MEASURED_RSS = "measured_peak_rss_bytes"
+MEASURED_DEVICE = "measured_peak_device_bytes"  # NVML's view, sampled (device_memory)
 MEMORY_SAMPLE_S = 0.25
 TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
@@ -212,6 +214,7 @@ class _Rank:
     process: SpawnedRank | ForkedRank
     exit_code: int | None = None
     peak_rss_bytes: int = 0  # measured: the largest process of its tree (launcher: workers)
+    peak_device_bytes: int = 0  # the largest device memory sample of one of its processes
 
 
 class NodeRun:
@@ -400,10 +403,13 @@ class NodeRun:
                 self.kill()
 
     def _sample_memory(self) -> None:
-        """Each rank's peak resident set so far (its process and every descendant)."""
-        peaks = peak_rss(rank.pid for rank in self.ranks)
+        """Each rank's peak resident set so far (its process and every descendant), and
+        the device memory its processes hold (NVML, where there is one)."""
+        found = trees(rank.pid for rank in self.ranks)
+        peaks, on_devices = peak_rss(found), device_use(found)
         for rank in self.ranks:
             rank.peak_rss_bytes = max(rank.peak_rss_bytes, peaks.get(rank.pid, 0))
+            rank.peak_device_bytes = max(rank.peak_device_bytes, on_devices.get(rank.pid, 0))
 
     def _finish(self, forced: TrialState | None) -> TrialResult:
         """Kill whatever is left, reap every rank, and build the result."""
@@ -419,6 +425,9 @@ class NodeRun:
         measured = max((rank.peak_rss_bytes for rank in self.ranks), default=0)
         if measured:
             result.metrics[MEASURED_RSS] = measured
+        on_device = max((rank.peak_device_bytes for rank in self.ranks), default=0)
+        if on_device:
+            result.metrics[MEASURED_DEVICE] = on_device
         if self.plan.conclusion is not None:
             result = self.plan.conclusion.conclude(self, result)
         self.result = result

@@ -27,9 +27,10 @@ timeout after enough measured steps keeps them (``ended_by_timeout``) but stays 
 ``timeout_ok: true`` stores it as ``ok``, for programs that run until they are stopped.
 
 Memory is also measured by the node agent (the peak resident set of every process it
-started, :mod:`parsearch.launch.memory`): on CPU, where that is the ranks' memory, a trial's
-``peak_mem_bytes`` is the larger of the measured and the logged figure (the logged one kept
-as ``reported_peak_mem_bytes``), so the cap holds for programs that print no memory. A peak
+started, :mod:`parsearch.launch.memory`; on NVIDIA GPUs the device memory the driver sees,
+:mod:`parsearch.launch.device_memory`): a trial's ``peak_mem_bytes`` is the larger of the
+measure that applies (CPU: resident set; GPU: device) and the logged figure (kept as
+``reported_peak_mem_bytes``), so the cap holds for programs that print no memory. A peak
 above the space's ``memory_cap`` makes an otherwise ok trial ``oom`` (:func:`over_memory_cap`);
 ``{memory_cap}`` passes the cap to the program.
 """
@@ -47,7 +48,7 @@ from parsearch.errors import SpaceError
 from parsearch.launch.oom import first_oom_line
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
-from parsearch.launch.process import MEASURED_RSS, NodeRun, read_tail
+from parsearch.launch.process import MEASURED_DEVICE, MEASURED_RSS, NodeRun, read_tail
 from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
@@ -380,13 +381,14 @@ class CommandNode:
         return final
 
     def _with_measured_memory(self, result: TrialResult, agent: TrialResult) -> TrialResult:
-        """The agent's measured peak resident set in the metrics; on CPU also the trial's
-        ``peak_mem_bytes`` when it is larger than what the logs said (see module doc)."""
-        measured = agent.metrics.get(MEASURED_RSS)
-        if not measured:
-            return result
-        result.metrics[MEASURED_RSS] = measured
-        if not uses_gpu(self.spec):
+        """The agent's measures in the metrics: the peak resident set, and on a GPU the
+        device memory the driver saw (NVML); the trial's ``peak_mem_bytes`` is the larger
+        of the one that applies (CPU: resident set; GPU: device) and the logs' figure."""
+        for key in (MEASURED_RSS, MEASURED_DEVICE):
+            if agent.metrics.get(key):
+                result.metrics[key] = agent.metrics[key]
+        measured = agent.metrics.get(MEASURED_DEVICE if uses_gpu(self.spec) else MEASURED_RSS)
+        if measured:
             reported = result.metrics.get("peak_mem_bytes")
             if reported is not None:
                 result.metrics["reported_peak_mem_bytes"] = reported
