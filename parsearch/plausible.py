@@ -162,7 +162,11 @@ def problem(
     tokens = _number(
         tokens_per_step if tokens_per_step is not None else metrics.get("tokens_per_step")
     )
-    if tokens is not None and math.isfinite(tokens) and tokens > 0:
+    # Figures summarised from steps (``step_times_s``) were checked step by step where they
+    # were read (parsearch.trainers.command.summary); their medians need not agree: the
+    # median rate of two steps of 1 s and 3 s means 1.5 s a step, the median time is 2 s.
+    per_step = isinstance(metrics.get("step_times_s"), list)
+    if tokens is not None and math.isfinite(tokens) and tokens > 0 and not per_step:
         why = contradiction(
             metrics, tokens_per_step=tokens, world_size=_number(metrics.get("world_size"))
         )
