@@ -167,6 +167,7 @@ def test_many_placeholders_reach_past_the_ninth_parameter(tmp_path):
         ("cat <<'EOF'\n{v}\nEOF", "quoted delimiter"),
         ("echo $(( {v} + 1 ))", "arithmetic"),
         ("echo $(( {tp} + 1 ))", None),
+        ("cat <<EOF\n{tp}\nEOF", None),  # a number is no code, in a document or not
         ("eval echo {v}", "follows eval"),
     ],
 )

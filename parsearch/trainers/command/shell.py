@@ -287,7 +287,7 @@ def advice(placements: Sequence[Placement], numeric: Collection[str] = ()) -> li
                 f"expand: the document holds the text {ref} (a shell reading it finds the "
                 "value in the environment)",
             )
-        elif place.where == HEREDOC:
+        elif place.where == HEREDOC and place.name not in numeric:
             notes.setdefault(
                 place.name + "heredoc",
                 f"{say} is in a here-document: its value is written into the document as "
