@@ -223,11 +223,15 @@ class FigureCache:
 
 class ImportanceCache:
     """Each campaign's dimension importance, computed when its trials changed (about a
-    second of scikit-learn), once for all the requests that want it."""
+    second of scikit-learn), once for all the requests that want it, and at most every
+    ``min_age_s``: a ranking over hundreds of trials does not move with each new one, and
+    a simulated campaign finishes several a second. The answer's ``n`` says how many ok
+    trials it was fitted to."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_age_s: float = 30.0) -> None:
+        self.min_age_s = min_age_s
         self._lock = threading.Lock()
-        self._found: dict[int, tuple[tuple, dict[str, Any]]] = {}
+        self._found: dict[int, tuple[tuple, float, dict[str, Any]]] = {}
         self._computing: dict[int, threading.Lock] = {}
 
     def get(self, store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
@@ -239,11 +243,13 @@ class ImportanceCache:
         with computing:
             with self._lock:
                 found = self._found.get(campaign.id)
-            if found is not None and found[0] == fingerprint:
-                return found[1]
+            if found is not None:
+                same, young = found[0] == fingerprint, time.monotonic() - found[1] < self.min_age_s
+                if same or young:
+                    return found[2]
             answer = plain(importance(report_data(store, campaign)))
             with self._lock:
-                self._found[campaign.id] = (fingerprint, answer)
+                self._found[campaign.id] = (fingerprint, time.monotonic(), answer)
             return answer
 
 

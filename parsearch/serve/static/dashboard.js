@@ -390,10 +390,15 @@ function drawImportance(found) {
   node.dataset.state = "ready";
 }
 
+// Asked again when the trials changed, at most every 20 s for the same campaign (the server
+// recomputes it at most every 30 s anyway).
 async function refreshImportance(data) {
   const key = `${view.campaign}/${data.status.finished}/${data.trials_total}`;
   if (view.importanceKey === key) return;
+  const sameCampaign = (view.importanceKey || "").startsWith(`${view.campaign}/`);
+  if (sameCampaign && Date.now() - (view.importanceAt || 0) < 20000) return;
   view.importanceKey = key;
+  view.importanceAt = Date.now();
   try {
     drawImportance(await api(`campaigns/${encodeURIComponent(view.campaign)}/importance`));
   } catch (error) {
@@ -412,7 +417,7 @@ function drawTimeline(data) {
   const now = Date.now() / 1000;
   const t0 = Math.min(...ran.map((t) => t.started_at));
   const t1 = Math.max(...ran.map((t) => t.finished_at || now));
-  const rowH = Math.max(3, Math.min(18, 300 / hosts.length));
+  const rowH = Math.max(1, Math.min(18, 300 / hosts.length));  // at most ~300 px tall
   // The axis in one unit of time, chosen by the span: s, min or h.
   const span = Math.max(t1 - t0, 1);
   const [size, unit] = span < 120 ? [1, "s"] : span < 7200 ? [60, "min"] : [3600, "h"];
