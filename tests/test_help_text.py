@@ -1,4 +1,4 @@
-"""Every command's ``--help``: each option says what it does."""
+"""Every command's ``--help``: each option says what it does, and says its default once."""
 
 from __future__ import annotations
 
@@ -26,3 +26,13 @@ def test_every_option_of_every_command_has_help():
         if action.option_strings and not action.help and not action.choices
     ]
     assert not missing, missing
+
+
+def test_no_help_text_states_its_default_twice():
+    doubled = [
+        f"{name} {'/'.join(action.option_strings)}: {action.help}"
+        for name, parser in _subcommands().items()
+        for action in parser._actions
+        if action.help and action.help.count("(default") > 1
+    ]
+    assert not doubled, doubled

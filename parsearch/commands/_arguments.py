@@ -41,7 +41,7 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
     parser.add_argument(
         "--slots",
         type=option(slots),
-        help=f"trials running at once (default: the backend's){keep}",
+        help="trials running at once" + (keep or " (default: the backend's)"),
     )
     parser.add_argument(
         "--timeout",
