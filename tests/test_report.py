@@ -180,5 +180,5 @@ def test_unwritable_output_is_a_clear_error(store_path, tmp_path, capsys):
     blocker = tmp_path / "taken"
     blocker.write_text("a file where the report directory should go")
     code = main(["report", "--store", str(store_path), "--out", str(blocker)])
-    assert code == 1
-    assert f"cannot write the report to {blocker}" in capsys.readouterr().err
+    assert code == 2  # a usage error, found before the figures are drawn
+    assert f"--out {blocker}: is a file, not a directory" in capsys.readouterr().err
