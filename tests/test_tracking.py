@@ -66,6 +66,7 @@ def test_run_track_logs_every_finished_trial_and_export_adds_only_the_missing(tm
             assert run.data.metrics["objective"] == pytest.approx(record.objective)
         if record.error:
             assert run.data.tags["error"] == record.error
+        assert run.data.tags["parsearch.store"] == str(db.absolute())  # which store's trial
     assert TrialState.OK in states and len(states) > 1  # successes and failures both logged
     capsys.readouterr()
 

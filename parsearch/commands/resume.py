@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from parsearch.campaign.progress import Progress
     from parsearch.campaign.session import resume_campaign
 
-    observers = make_observers(args.track)
+    observers = make_observers(args.track, store_path=args.store)
     try:
         summary = resume_campaign(
             args.store,

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         machine=str(Path(args.machine).resolve()) if args.machine else None,
         **given,
     )
-    observers = make_observers(args.track)
+    observers = make_observers(args.track, store_path=args.store)
     try:
         summary = start_campaign(
             args.space,
