@@ -120,6 +120,7 @@ class Driver:
         self.failed = 0
         self.best: tuple[float, ParallelLayout] | None = None
         self.interrupted = 0
+        self._interrupted_outside = 0
         self._started = time.monotonic()
         self._finished_here = 0
         self._last_finish = self._started
@@ -304,6 +305,9 @@ class Driver:
                 objective=self.metric,
                 peak_flops_per_device=self.space.allocation.peak_flops_per_device,
             )
+            if result.status is TrialState.INTERRUPTED:
+                self._interrupt(record, result)
+                continue
             if self.proxies is not None:
                 result = self.proxies.full_scale_result(record, result)
             objective = result.objective(self.metric)
@@ -315,6 +319,16 @@ class Driver:
             self._last_finish = time.monotonic()
             told.append((record, result))
         self._tell(told)
+
+    def _interrupt(self, record: TrialRecord, result: TrialResult) -> None:
+        """A trial stopped from outside (the job ending kills every process of its step) is
+        no outcome of its layout: it is neither counted nor told, and runs again, now or
+        when the campaign continues."""
+        self.store.finish_trial(record.id, result, None)
+        if self.stop.requested:
+            self._interrupted_outside += 1
+        else:
+            self.queue.append(self.store.requeue(record.id))
 
     def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:
         if results and self.proxies is not None:
@@ -351,6 +365,7 @@ class Driver:
         self.running.clear()
         self.lease.check()
         self.interrupted = self.store.mark_interrupted(self.campaign.id)
+        self.interrupted += self._interrupted_outside
         if self.finished >= self.settings.budget and not self.interrupted:
             # The last trials finished within the grace: nothing is left for a resume (a job
             # chain would otherwise spend a job finding that out).

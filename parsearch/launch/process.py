@@ -471,6 +471,17 @@ class NodeRun:
                 error=f"rank {oom[0].rank} ran out of memory",
                 log_tail=tails[oom[0].rank],
             )
+        if failed and all(_stopped_from_outside(r) for r in failed):
+            # Nobody here sent it: the scheduler ending the job (scancel, a requeue, the time
+            # limit) signals every process of the job step. Not this layout's outcome: the
+            # trial runs again when the campaign continues.
+            worst = failed[0]
+            return TrialResult(
+                status=TrialState.INTERRUPTED,
+                error=f"rank {worst.rank} {_describe_rank_exit(worst)}, a signal parsearch "
+                "did not send (the job ending?); it runs again when the campaign continues",
+                log_tail=tails[worst.rank],
+            )
         if failed:
             worst = self._culprit(failed, tails)
             error = f"rank {worst.rank} {_describe_rank_exit(worst)}"
@@ -493,6 +504,15 @@ class NodeRun:
         """Every rank exited 0 (the plan's conclusion reads what they left behind)."""
         tail = read_tail(self.ranks[0].log, OK_TAIL_BYTES)
         return TrialResult(status=TrialState.OK, log_tail=tail)
+
+
+def _stopped_from_outside(rank: _Rank) -> bool:
+    """Whether a rank that ended by itself (the agent had not started killing) was stopped by
+    a signal that asks a program to stop (SIGTERM, SIGINT, SIGHUP), directly or through its
+    fork server: SIGKILL is the OOM killer's as often as anyone's, and is not counted."""
+    server_exit = rank.process.server_exit()
+    code = server_exit if server_exit is not None else rank.exit_code
+    return code is not None and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _describe_rank_exit(rank: _Rank) -> str:
