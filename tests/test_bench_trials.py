@@ -108,7 +108,8 @@ def test_exception_in_one_rank_is_an_error_with_its_traceback(tmp_path):
     run = node(spec, tmp_path, fault_command("raise", 1, tmp_path)).start()
     result = run.wait()
     assert result.status is TrialState.ERROR
-    assert result.error == "rank 1 exited with code 1"
+    # The rank's own exception, from the error file it left (parsearch.launch.rank_site).
+    assert result.error == "rank 1 exited with code 1: RuntimeError: injected failure in rank 1"
     assert "Traceback" in result.log_tail
     assert "RuntimeError: injected failure in rank 1" in result.log_tail
     assert child_pids_alive(run.pids) == []
