@@ -279,6 +279,8 @@ def test_a_killed_driver_and_an_exhausted_space_read_as_such(site):
     with chromium.page(f"{base}/?campaign=killed", *DESKTOP) as page:
         killed = page.evaluate(PROGRESS)
     assert api(base, "campaigns/killed/status")["live"] is False
+    listed = {c["name"]: c for c in api(base, "campaigns")}
+    assert listed["killed"]["live"] is False and listed["killed"]["status"] == "running"
     assert killed["campaign-status"] == "not running" and "ETA" not in killed["eta"]
     assert "it seems dead" in killed["driver"] and "parsearch resume" in killed["driver"]
     with chromium.page(f"{base}/?campaign=exhausted", *DESKTOP) as page:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,9 @@ from typing import Any
 from parsearch.errors import ParsearchError
 from parsearch.formats import format_layout, trial_document
 from parsearch.inputs import MAX_BUDGET
-from parsearch.query import campaign_status
+from parsearch.query import CampaignProgress, campaign_status
 from parsearch.result import TrialState
-from parsearch.store import Campaign, SQLiteStore, TrialRecord, open_store
+from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
 from parsearch.trainer_flags import EXPORTERS
 from parsearch.units import parse_bytes
 
@@ -83,9 +84,29 @@ class StoreReader:
         return open_store(self.path, readonly=True)
 
     def campaigns(self) -> list[dict[str, Any]]:
+        """Every campaign, newest first, with ``live``: whether a driver runs it now (one
+        marked running whose driver was killed is not live)."""
         with self.open() as store:
-            found = store.list_campaigns()
-        return [campaign_summary(c) for c in sorted(found, key=lambda c: -c.created_at)]
+            found = sorted(store.list_campaigns(), key=lambda c: -c.created_at)
+            drivers = {
+                c.id: store.lease_holder(c.id) for c in found if c.status is CampaignStatus.RUNNING
+            }
+        now = time.time()
+        return [
+            {
+                **campaign_summary(c),
+                "live": c.status is CampaignStatus.RUNNING
+                and _progress(c, drivers[c.id], now).live,
+            }
+            for c in found
+        ]
+
+
+def _progress(campaign: Campaign, driver: Any, now: float) -> CampaignProgress:
+    """Just enough of a campaign's progress to say whether its driver is alive."""
+    return CampaignProgress(
+        campaign=campaign, counts={}, best=None, rate_per_s=None, driver=driver, read_at=now
+    )
 
 
 def campaign_summary(campaign: Campaign) -> dict[str, Any]:

@@ -678,7 +678,7 @@ async function start() {
   if (token) document.getElementById("openapi-link").href = `openapi.json?token=${encodeURIComponent(token)}`;
   const campaigns = await api("campaigns");
   const select = document.getElementById("campaign");
-  for (const c of campaigns) select.appendChild(new Option(`${c.name} (${c.status})`, c.name));
+  for (const c of campaigns) select.appendChild(new Option(`${c.name} (${activity(c)})`, c.name));
   if (!campaigns.length) {
     document.body.dataset.state = "empty";
     reportError("the store holds no campaign yet");
