@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 from process_census import survivors
 
 from parsearch.launch.guard import guard_argv
 from parsearch.launch.process import free_port
 from parsearch.launch.rank_site import SITE_DIR
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 WORKER = "import time\nwhile True:\n    time.sleep(1)\n"
 
 

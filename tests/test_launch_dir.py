@@ -14,6 +14,7 @@ import yaml
 
 from parsearch.store import open_store
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PROGRAM = 'import json, sys\nprint(json.dumps({"tokens_per_s": 1000.0 * int(sys.argv[1])}))\n'
 
 
@@ -26,7 +27,6 @@ def cli(cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.e2e
 def test_a_resume_from_elsewhere_keeps_the_launch_dir_or_refuses_naming_both(tmp_path):
     checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
     checkout.mkdir()

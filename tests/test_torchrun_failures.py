@@ -20,6 +20,8 @@ from parsearch.result import TrialState
 from parsearch.trainers.command.trainer import run_node, validate_section
 from parsearch.trial import TrialSpec
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 # nanoGPT's style: module-level code, no main() to decorate with torch's @record.
 SCRIPT = """
 import os
