@@ -29,6 +29,7 @@ from it (its own kept in ``metrics["fidelity"]``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import time
@@ -51,6 +52,10 @@ from parsearch.search.strategy import Proposal, Strategy
 from parsearch.space import SearchSpace
 from parsearch.store import Campaign, Store, TrialRecord
 from parsearch.trial import TrialSpec, nodes_spanned
+
+# The stop signals a scheduler sends every process of a job it ends (scancel, a requeue, the
+# time limit); SIGUSR1, its warning, reaches the driver alone through the batch shell.
+JOB_ENDING = ("SIGTERM", "SIGHUP")
 
 # How long an idle backend may report no free slot before the driver calls it an error:
 # Ray holds a finished trial's placement group until its actors have closed (seconds on a
@@ -305,6 +310,14 @@ class Driver:
                 objective=self.metric,
                 peak_flops_per_device=self.space.allocation.peak_flops_per_device,
             )
+            if result.status is TrialState.ERROR and self.stop.reason in JOB_ENDING:
+                # Every process of the job is being stopped: a rank that failed meanwhile
+                # lost its peer to the same signal (e.g. gloo's "Connection closed by peer").
+                result = dataclasses.replace(
+                    result,
+                    status=TrialState.INTERRUPTED,
+                    error=f"{result.error} (while the job ended: {self.stop.reason})",
+                )
             if result.status is TrialState.INTERRUPTED:
                 self._interrupt(record, result)
                 continue
