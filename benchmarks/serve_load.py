@@ -126,6 +126,10 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # Dashboard polls: bytes on the wire (gzipped: httpx asks for it, as browsers do) and
+    # decoded.
+    poll_wire_bytes: list[int] = field(default_factory=list)
+    poll_bytes: list[int] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
@@ -159,6 +163,9 @@ async def _client(
                     response.status_code == 404 and path.endswith("/best")
                 ):
                     result.errors.append(f"{path}: {response.status_code} {response.text[:200]}")
+                elif path.endswith("/dashboard"):
+                    result.poll_wire_bytes.append(response.num_bytes_downloaded)
+                    result.poll_bytes.append(len(response.content))
             except httpx.HTTPError as error:
                 result.errors.append(f"{path}: {type(error).__name__} {error}")
             result.latencies_s.append(time.perf_counter() - started)
@@ -228,6 +235,9 @@ def run(clients: int, seconds: float, think_s: float) -> dict:
         baseline = driver_waits(alone)
         store, out = tmp_path / "loaded.db", tmp_path / "loaded.json"
         port = free_port()
+        from parsearch.store import open_store
+
+        open_store(store).close()  # an empty store, so that the server starts beside the driver
         driver = start_driver(store, seconds + 30, out)
         with serving(store, port) as (base, _):
             wait_for_campaign(base)
@@ -272,6 +282,11 @@ def main() -> None:
     )
     if result.latencies_s:
         print(f"  mean {1000 * statistics.fmean(result.latencies_s):.0f} ms")
+    if result.poll_bytes:
+        print(
+            f"  dashboard poll: {statistics.median(result.poll_wire_bytes) / 1024:.0f} KiB on the "
+            f"wire (gzip), {statistics.median(result.poll_bytes) / 1024:.0f} KiB decoded (median)"
+        )
     for error in result.errors[:5]:
         print(f"  error: {error}")
     for label, waits in (("driver alone", base), ("driver under load", loaded)):
