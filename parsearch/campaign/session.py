@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -311,11 +312,12 @@ def _continue(
 
 def _check_launch_dir(campaign: Campaign) -> None:
     """The campaign's trials keep the ``{launch_dir}`` it was created in (the driver passes
-    it on); say so when this session starts elsewhere, and refuse when it is gone: every
-    trial would fail to find its program and spend the budget."""
+    it on); when its trainer uses it, say so if this session starts elsewhere, and refuse
+    when it is gone: every trial would fail to find its program and spend the budget."""
     stored = campaign.settings.get("launch_dir")
     here = os.getcwd()
-    if not stored or Path(stored) == Path(here):
+    uses = "{launch_dir}" in json.dumps(campaign.space.get("trainer", {}))
+    if not stored or not uses or Path(stored) == Path(here):
         return
     if not Path(stored).is_dir():
         raise UsageError(
