@@ -57,7 +57,9 @@ def add_track_argument(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="mlflow[:URI]",
         help="also log every finished trial to MLflow (a run per trial, the campaign as the "
-        "experiment); URI defaults to $MLFLOW_TRACKING_URI, else ./mlruns. Repeatable",
+        "experiment), from a background thread: a tracking server that is slow or down "
+        "never delays the campaign (what it misses, `export --to` logs later); URI defaults "
+        "to $MLFLOW_TRACKING_URI, else ./mlruns. Repeatable",
     )
 
 
