@@ -39,7 +39,9 @@ FAILURES = {
 }  # fmt: skip
 
 
-def torchrun_spec(script: str, tmp_path: Path, launch: str = "per_node") -> TrialSpec:
+def torchrun_spec(
+    script: str, tmp_path: Path, *options: str, launch: str = "per_node"
+) -> TrialSpec:
     trainer = validate_section(
         {
             "kind": "command",
@@ -47,7 +49,8 @@ def torchrun_spec(script: str, tmp_path: Path, launch: str = "per_node") -> Tria
             "command": [
                 sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                 "{nproc_per_node}", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
-                "--master-addr", "{master_addr}", "--master-port", "{master_port}", script,
+                "--master-addr", "{master_addr}", "--master-port", "{master_port}", *options,
+                script,
             ],
             "parser": "json",
             "steps": 3,
@@ -125,3 +128,24 @@ def test_a_main_wrapped_in_torchs_record_is_read_from_torchs_own_file(tmp_path):
     )
     result = run(torchrun_spec(str(script), tmp_path), tmp_path / "trial")
     assert "rank 1: ValueError: vocab size 50257 is not divisible by tp 2" in result.error
+
+
+def test_a_rank_whose_output_torchrun_filters_out_still_shows_its_traceback(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(failure=FAILURES["runtime"][0]))
+    spec = torchrun_spec(str(script), tmp_path, "--local-ranks-filter=0")  # rank 0's output only
+    result = run(spec, tmp_path / "trial")
+    assert "rank 1: RuntimeError: shapes do not match on rank 1" in result.error
+    # torchrun prints the worker's error file in its summary: the traceback is in the log.
+    assert 'raise RuntimeError(f"shapes do not match' in result.log_tail
+
+
+def test_a_traceback_missing_from_the_log_is_added_from_the_error_file():
+    from parsearch.launch.process import _with_callstack
+    from parsearch.launch.rank_errors import RankError
+
+    stack = 'Traceback (most recent call last):\n  File "x.py"\nRuntimeError: boom'
+    recorded = RankError(3, "RuntimeError: boom", stack, 0)
+    tail = _with_callstack("launcher: worker 3 failed", recorded)
+    assert tail.endswith(f"--- rank 3's traceback, from its error file ---\n{stack}")
+    assert _with_callstack(f"...\n{stack}\n", recorded) == f"...\n{stack}\n"  # already there

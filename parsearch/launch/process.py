@@ -485,11 +485,13 @@ class NodeRun:
         if failed:
             worst = self._culprit(failed, tails)
             error = f"rank {worst.rank} {_describe_rank_exit(worst)}"
+            tail = tails[worst.rank]
             recorded = self.first_error()
             if recorded is not None:
                 named = self.plan.per_node or recorded.rank != worst.rank
                 error = f"{error}: {recorded.describe(with_rank=named)}"
-            return TrialResult(status=TrialState.ERROR, error=error, log_tail=tails[worst.rank])
+                tail = _with_callstack(tail, recorded)
+            return TrialResult(status=TrialState.ERROR, error=error, log_tail=tail)
         return self._success()
 
     def _culprit(self, failed: list[_Rank], tails: dict[int, str]) -> _Rank:
@@ -522,6 +524,16 @@ def _describe_rank_exit(rank: _Rank) -> str:
     if server_exit is not None:
         return f"was killed with its fork server, which {_describe_exit(server_exit)}"
     return _describe_exit(rank.exit_code)
+
+
+def _with_callstack(tail: str, recorded: RankError, max_chars: int = 8192) -> str:
+    """The log tail, and after it the failed rank's traceback from its error file when the
+    log lacks it (a launcher that shows one rank's output, ``--local-ranks-filter=0``)."""
+    stack = recorded.callstack.strip()
+    if not stack or stack.splitlines()[-1].strip() in tail:
+        return tail
+    who = "its" if recorded.rank is None else f"rank {recorded.rank}'s"
+    return f"{tail}\n--- {who} traceback, from its error file ---\n{stack[-max_chars:]}"
 
 
 def _describe_exit(code: int | None) -> str:
