@@ -143,7 +143,7 @@ def test_the_script_never_holds_a_value():
     argv = template.argv({"v": "SECRET-VALUE", "tp": 3})
     assert argv[:2] == ["/bin/sh", "-c"]
     assert "SECRET-VALUE" not in argv[2]
-    assert argv[3:] == ["sh", "SECRET-VALUE", "3"]
+    assert argv[3:] == ["/bin/sh", "SECRET-VALUE", "3"]
 
 
 def test_many_placeholders_reach_past_the_ninth_parameter(tmp_path):

@@ -9,7 +9,7 @@ variable, ``PARSEARCH_<NAME>`` (the name upper-cased), and the values travel as 
 positional parameters of ``sh -c``::
 
     /bin/sh -c 'PARSEARCH_TP=$1 PARSEARCH_DATA=$2; export PARSEARCH_TP PARSEARCH_DATA; shift 2;
-                <the template, each {name} replaced by a reference>' sh 4 'a; touch pwned'
+                <the template, each {name} replaced by a reference>' /bin/sh 4 'a; touch pwned'
 
 The prelude is parsearch's own text (an assignment never splits or globs), and a shell never
 parses the result of a parameter expansion as syntax: wherever the template puts the
@@ -329,10 +329,11 @@ def script(
 def argv(
     body: str, order: Sequence[str], values: Mapping[str, str], shell: str = SHELL
 ) -> list[str]:
-    """``shell -c 'prelude; body' sh v1 v2 ...``: the values as positional parameters."""
+    """``shell -c 'prelude; body' shell v1 v2 ...``: the values as positional parameters
+    (``$0`` stays the shell's path, as in its messages without placeholders)."""
     if not order:
         return [shell, "-c", body]
     assign = " ".join(f"{variable(name)}=${{{k}}}" for k, name in enumerate(order, start=1))
     exported = " ".join(variable(name) for name in order)
     prelude = f"{assign}; export {exported}; shift {len(order)}; "
-    return [shell, "-c", prelude + body, "sh", *(values[name] for name in order)]
+    return [shell, "-c", prelude + body, shell, *(values[name] for name in order)]
