@@ -201,3 +201,29 @@ def test_a_log_whose_figures_agree_is_measured():
     scan = parse_lines(["time 1.0 sps 8.1", "time 1.0 sps 7.9"], make_parser("regex", **options))
     metrics = summarize(scan, _trial(), warmup_steps=0)
     assert metrics["step_time_s"] == pytest.approx(1.0)
+
+
+@pytest.mark.e2e
+def test_trial_judges_a_contradiction_as_the_campaign_does(tmp_path, capsys):
+    """``parsearch trial`` applies the same checks: a rate that contradicts its step time
+    is an error naming both, exit 1."""
+    import yaml
+
+    line = '{{"tokens_per_s": 1e9, "step_time_s": 100}}'  # braces doubled for the template
+    space = {
+        "name": "liar",
+        "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 100,
+                  "seq_length": 32},
+        "allocation": {"nodes": 1, "devices_per_node": 1, "device_memory": "1GiB",
+                       "peak_tflops": 1000, "device": "cpu"},
+        "search": {"tp": 1, "pp": 1, "mbs": 1, "gas": 1},
+        "trainer": {"kind": "command", "parser": "json", "timeout": 60,
+                    "command": [sys.executable, "-c", f"print({line!r})"]},
+    }  # fmt: skip
+    path = tmp_path / "liar.yaml"
+    path.write_text(yaml.safe_dump(space))
+    code = main(["trial", str(path), "--layout", "tp1 pp1 mbs1 gas1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "state    error" in out
+    assert "tokens_per_s = 1e+09 and step_time_s = 100 contradict each other" in out
