@@ -12,6 +12,7 @@ counted as dropped. Nothing is lost for good: the store holds every trial, and
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 import threading
 import time
@@ -158,13 +159,11 @@ class BackgroundTracker:
             if now >= deadline:
                 break
             self._thread.join(min(deadline - now, 0.1))
-        with self._lock:
-            counts = self.counts
-            counts.dropped_at_close = (
-                counts.told - counts.logged - counts.failed - counts.dropped_full
-            )
+        with self._lock:  # a snapshot: a worker still in a call may finish it later
+            counts = dataclasses.replace(self.counts, errors=list(self.counts.errors))
+        counts.dropped_at_close = counts.told - counts.logged - counts.failed - counts.dropped_full
         if counts.not_logged:
-            self._say(self.summary())
+            self._say(self.summary(counts))
         return counts
 
     def _looks_down(self, now: float) -> bool:
@@ -172,8 +171,7 @@ class BackgroundTracker:
         started = self._call_started
         return self._last_failed or (started is not None and now - started > SLOW_CALL_S)
 
-    def summary(self) -> str:
-        counts = self.counts
+    def summary(self, counts: TrackerCounts) -> str:
         parts = [
             f"{n} {what}"
             for n, what in (
