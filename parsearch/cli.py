@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from parsearch.commands import COMMANDS
 from parsearch.errors import ParsearchError, UsageError
+from parsearch.sanitize import shown
 from parsearch.version import __version__
 
 # 128 + SIGPIPE: what a shell reports for a tool its pipe's reader stopped.
@@ -88,9 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return BROKEN_PIPE_EXIT
     except ParsearchError as error:
-        print(f"parsearch {args.command}: error: {error}", file=sys.stderr)
+        # shown(): a message may quote a trainer's words or a file's bytes (no escapes pass).
+        print(f"parsearch {args.command}: error: {shown(str(error))}", file=sys.stderr)
         for note in getattr(error, "__notes__", ()):  # what was kept, how to go on
-            print(f"  {note}", file=sys.stderr)
+            print(f"  {shown(str(note))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print(f"parsearch {args.command}: interrupted", file=sys.stderr)
