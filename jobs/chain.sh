@@ -19,11 +19,34 @@
 
 # Every campaign setting a successor must see as the first job saw it: a successor that
 # fell back to a default BUDGET would take it as the campaign's new total.
-CHAIN_SETTINGS=(SPACE NAME STORE BUDGET GRACE LEASE_TIMEOUT LEASE_WAIT MAX_JOBS PARSEARCH_ARGS)
+CHAIN_SETTINGS=(SPACE NAME STORE BUDGET GRACE WARNING_S LEASE_TIMEOUT LEASE_WAIT MAX_JOBS
+    PARSEARCH_ARGS PARSEARCH_SITE)
 
 chain_fail() {
     echo "parsearch job: $*" >&2
     exit 2
+}
+
+# The site file (PARSEARCH_SITE=FILE at submission): sourced after the script's own
+# environment lines, so that it can replace them (modules, the venv, OMP_NUM_THREADS,
+# CPUS_PER_NODE, GPUS_PER_NODE). jobs/sites/ has one for the namespaced test cluster.
+chain_site() {
+    [[ -n ${PARSEARCH_SITE:-} ]] || return 0
+    [[ -f ${PARSEARCH_SITE} ]] || chain_fail "PARSEARCH_SITE=${PARSEARCH_SITE}: no such file"
+    # shellcheck source=/dev/null
+    source "${PARSEARCH_SITE}" || chain_fail "the site file ${PARSEARCH_SITE} failed"
+}
+
+# The environment must give us python and parsearch before anything is submitted.
+chain_check_environment() {
+    local tool
+    for tool in python parsearch; do
+        command -v "${tool}" >/dev/null || chain_fail "${tool} is not on PATH: the" \
+            "environment lines of the script (modules, the venv) or PARSEARCH_SITE did not set it up"
+    done
+    [[ -z ${WARNING_S:-} ]] || ((GRACE < WARNING_S)) || chain_fail "GRACE=${GRACE} must be less" \
+        "than WARNING_S=${WARNING_S}, the seconds of warning before the time limit, or the" \
+        "drain outlives the job"
 }
 
 # The store must be an absolute path on a filesystem that honours POSIX locks (SQLite's
@@ -34,6 +57,7 @@ chain_check_store() {
     [[ ${store} == /* ]] || chain_fail "STORE=${store} is relative: give an absolute path on" \
         "the parallel filesystem (a relative path lands wherever the job starts, often NFS home)"
     [[ ${store} == *.db ]] || chain_fail "STORE=${store} must end in .db"
+    chain_check_environment
     directory=$(dirname "${store}")
     mkdir -p "${directory}" || chain_fail "cannot create the store's directory ${directory}"
     python -c '
@@ -48,57 +72,85 @@ with tempfile.NamedTemporaryFile(dir=sys.argv[1], prefix=".parsearch-lock-") as 
     fi
 }
 
-# The settings as NAME=value,NAME=value (what sbatch --export and qsub -v take). A value with
-# a comma cannot be carried that way: refuse it before anything is submitted.
-chain_carried() {
-    local name carried="" value
-    for name in "${CHAIN_SETTINGS[@]}"; do
-        value=${!name-}
-        [[ ${value} != *,* ]] || chain_fail "${name}='${value}' holds a comma, which the" \
-            "scheduler's variable list cannot carry to the successor; write it without one"
-        carried+="${carried:+,}${name}=${value}"
+# The settings, exported for the successor's submission (Slurm: sbatch --export=ALL carries
+# every value as it is, commas, quotes and spaces included), without what belongs to this
+# job alone: Slurm's own SLURM_* variables (a successor that inherited SLURM_RESTART_COUNT
+# would take itself for a requeued job) and a Ray cluster's address that ends with it.
+chain_export_settings() {
+    local name
+    export "${CHAIN_SETTINGS[@]}"
+    export JOB_INDEX=$((JOB_INDEX + 1))
+    for name in $(compgen -e); do
+        [[ ${name} != SLURM_* || ${name} == SLURM_CONF ]] || unset "${name}"
     done
-    echo "${carried}"
+    unset RAY_ADDRESS
 }
 
 chain_finished() {
     [[ -f ${STORE} ]] || return 1
     parsearch status --store "${STORE}" --name "${NAME}" --format json 2>/dev/null |
-        python -c 'import json, sys; sys.exit(json.load(sys.stdin)["status"] != "finished")'
+        python -c '
+import json, sys
+try:
+    status = json.load(sys.stdin)["status"]
+except (ValueError, KeyError, TypeError):  # no campaign of that name yet
+    sys.exit(1)
+sys.exit(status != "finished")'
 }
 
-# Run "$@" (the driver) in the background and wait for it; the scheduler's warning (USR1)
-# is passed on to it. A batch shell runs a trap only while it waits on a background child.
+# Run "$@" (the driver) in the background and wait for it. A batch shell runs a trap only
+# while it waits on a background child, so the signals arrive here:
+# * USR1, the scheduler's warning before the time limit: passed on, the driver drains;
+# * TERM: the job is ending now. When the user cancelled it (scancel), the chain stops: the
+#   successor is cancelled at once, before the scheduler's SIGKILL. Otherwise (the time
+#   limit itself, a requeue, a preemption, a lost node) the successor resumes the campaign.
 chain_drive() {
     "$@" &
     DRIVER=$!
     trap 'echo "parsearch: time limit near, draining"; DRAINING=1; kill -USR1 "${DRIVER}"' USR1
+    trap chain_on_term TERM
     wait "${DRIVER}"
     STATUS=$?
-    while kill -0 "${DRIVER}" 2>/dev/null; do # the trap interrupted wait: wait for the drain
+    while kill -0 "${DRIVER}" 2>/dev/null; do # a trap interrupted wait: wait for the drain
         wait "${DRIVER}"
         STATUS=$?
     done
     trap 'DRAINING=1' USR1 # a warning between two drivers: start no other
 }
 
+chain_on_term() {
+    DRAINING=1
+    if "${SCHEDULER}"_cancelled_by_user; then
+        CANCELLED=1
+        echo "parsearch: the job was cancelled; the chain stops here"
+        if [[ -n ${SUCCESSOR} ]]; then
+            echo "parsearch: cancelling successor ${SUCCESSOR}: this job was cancelled"
+            "${SCHEDULER}"_cancel_successor "${SUCCESSOR}"
+            SUCCESSOR=""
+        fi
+    fi
+    kill -TERM "${DRIVER}" 2>/dev/null
+}
+
 # The whole job: chain_run DRIVER-COMMAND...; exits with the driver's status. SCHEDULER
 # (slurm or pbs) picks the functions below that submit and cancel the successor.
 chain_run() {
-    local successor="" cancel_why=""
+    local cancel_why=""
     DRAINING=0
-    CARRIED=$(chain_carried) || exit 2
+    CANCELLED=0
+    SUCCESSOR=""
     if chain_finished; then
         echo "parsearch: campaign ${NAME} is already finished; nothing to run"
         exit 0
     fi
     if ((JOB_INDEX >= MAX_JOBS)); then
         echo "parsearch: job ${JOB_INDEX} of MAX_JOBS=${MAX_JOBS}: no successor will follow"
-    elif successor=$("${SCHEDULER}"_existing_successor) && [[ -n ${successor} ]]; then
-        echo "parsearch: requeued; the successor ${successor} is already queued"
+    elif SUCCESSOR=$("${SCHEDULER}"_existing_successor) && [[ -n ${SUCCESSOR} ]]; then
+        echo "parsearch: requeued; the successor ${SUCCESSOR} is already queued"
     else
-        successor=$("${SCHEDULER}"_submit_successor) || chain_fail "could not submit the successor"
-        echo "parsearch: successor ${successor} queued (starts after this job ends)"
+        SUCCESSOR=$("${SCHEDULER}"_submit_successor) && [[ -n ${SUCCESSOR} ]] ||
+            chain_fail "could not submit the successor"
+        echo "parsearch: successor ${SUCCESSOR} queued (starts after this job ends)"
     fi
 
     chain_drive "$@"
@@ -113,18 +165,20 @@ chain_run() {
         echo "parsearch: campaign finished"
         parsearch report --store "${STORE}" --name "${NAME}" --out "${STORE%.db}-report"
         cancel_why="the campaign is finished"
+    elif ((CANCELLED)); then
+        echo "parsearch: submit the script again to continue the campaign"
     elif ((STATUS == 75 && DRAINING)); then
         echo "parsearch: the time limit came before the lease went stale; the successor tries again"
     elif ((STATUS == 75)); then
         cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on ${STORE}?)"
     elif ((STATUS != 0)); then
         cancel_why="the driver failed (exit ${STATUS}); fix the cause and submit again"
-    elif [[ -n ${successor} ]]; then
-        echo "parsearch: drained; successor ${successor} resumes the campaign"
+    elif [[ -n ${SUCCESSOR} ]]; then
+        echo "parsearch: drained; successor ${SUCCESSOR} resumes the campaign"
     fi
-    if [[ -n ${cancel_why} && -n ${successor} ]]; then
-        echo "parsearch: cancelling successor ${successor}: ${cancel_why}"
-        "${SCHEDULER}"_cancel_successor "${successor}"
+    if [[ -n ${cancel_why} && -n ${SUCCESSOR} ]]; then
+        echo "parsearch: cancelling successor ${SUCCESSOR}: ${cancel_why}"
+        "${SCHEDULER}"_cancel_successor "${SUCCESSOR}"
     elif [[ -n ${cancel_why} ]]; then
         echo "parsearch: ${cancel_why}"
     fi
@@ -134,37 +188,97 @@ chain_run() {
 # --- Slurm -----------------------------------------------------------------------------------
 # The successor runs this script again under the same job name. --dependency=afterany: it
 # starts once this job has ended, however it ended; singleton: never beside another job of
-# that name and user, so two chains of one name cannot run side by side.
+# that name and user (the scripts ask for singleton for their first job too), so two chains
+# of one name never run side by side.
 # https://slurm.schedmd.com/sbatch.html#OPT_dependency
+#
+# Options given on the sbatch command line override the script's #SBATCH lines for this job
+# only: the successor gets what this job was given, read back from Slurm (time limit, nodes,
+# account, partition, QOS, constraint, reservation). The warning signal cannot be read back:
+# the successor gets --signal=B:USR1@WARNING_S.
 slurm_submit_successor() {
-    local script
-    script=$(scontrol show job "${SLURM_JOB_ID}" | sed -n 's/^ *Command=//p')
-    sbatch --parsable --job-name="${SLURM_JOB_NAME}" \
-        --dependency="afterany:${SLURM_JOB_ID},singleton" \
-        --export="ALL,${CARRIED},JOB_INDEX=$((JOB_INDEX + 1))" "${script}" | cut -d';' -f1
+    local job script options=() value name=${SLURM_JOB_NAME} id=${SLURM_JOB_ID}
+    job=$(scontrol show job "${id}") || return 1
+    script=$(sed -n 's/^ *Command=//p' <<<"${job}")
+    value=$(slurm_field "${job}" TimeLimit)
+    [[ -z ${value} || ${value} == UNLIMITED ]] || options+=(--time="${value}")
+    value=$(slurm_field "${job}" NumNodes)
+    [[ -z ${value} ]] || options+=(--nodes="${value%%-*}")
+    for value in Account:--account Partition:--partition QOS:--qos Features:--constraint \
+        Reservation:--reservation; do
+        local found
+        found=$(slurm_field "${job}" "${value%%:*}")
+        [[ -z ${found} || ${found} == "(null)" ]] || options+=("${value#*:}=${found}")
+    done
+    (
+        chain_export_settings
+        sbatch --parsable --job-name="${name}" --export=ALL \
+            --dependency="afterany:${id},singleton" --signal="B:USR1@${WARNING_S}" \
+            "${options[@]}" "${script}"
+    ) | cut -d';' -f1
+}
+
+# A field of `scontrol show job` (FIELD=value, separated by spaces).
+slurm_field() {
+    grep -oE "(^|[[:space:]])$2=[^[:space:]]*" <<<"$1" | head -n 1 | cut -d= -f2-
 }
 
 slurm_cancel_successor() {
     scancel "$1"
 }
 
+# Whether the SIGTERM this batch shell got is the user's scancel. Slurm 22.05 signals the
+# batch shell for a scancel and for a requeue (not at the time limit: the steps alone, after
+# the warning), and shows both as COMPLETING; a requeue has already counted one more
+# restart than this run of the job started with.
+slurm_cancelled_by_user() {
+    local restarts
+    restarts=$(slurm_field "$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null)" Restarts)
+    ((${restarts:-0} <= ${SLURM_RESTART_COUNT:-0}))
+}
+
 # After a requeue (node failure, --requeue) the first run of this job already queued one.
+# Slurm does not set USER in a job's environment: --me asks for the job's own user.
 slurm_existing_successor() {
     ((${SLURM_RESTART_COUNT:-0} > 0)) || return 0
-    squeue --noheader --user="${USER}" --states=PENDING --format='%i %E' |
+    squeue --noheader --me --states=PENDING --format='%i %E' |
         awk -v job="${SLURM_JOB_ID}" '$2 ~ ("afterany:" job "([(,]|$)") {print $1; exit}'
 }
 
 # --- PBS Pro ---------------------------------------------------------------------------------
 # -W depend=afterany: starts once this job has ended. PBS has no singleton: the campaign's
 # lease is what keeps a second chain's driver from running beside this one (it exits 75).
+# qsub -v cannot carry a value holding a comma or a quote, so the settings travel in a file
+# next to the store (bash's own quoting, `declare -p`), which the successor reads first
+# (PARSEARCH_CHAIN_ENV).
 pbs_submit_successor() {
-    qsub -W depend=afterany:"${PBS_JOBID}" -v "${CARRIED},JOB_INDEX=$((JOB_INDEX + 1))" \
-        "${SCRIPT}"
+    local name settings="${STORE%.db}.chain-${PBS_JOBID}.env"
+    [[ ${settings} != *[,\'\"]* ]] || chain_fail "STORE=${STORE}: a comma or a quote in" \
+        "its path cannot be passed to qsub -v"
+    (
+        chain_export_settings
+        for name in "${CHAIN_SETTINGS[@]}" JOB_INDEX; do
+            [[ ! -v ${name} ]] || declare -p "${name}"
+        done
+    ) | sed 's/^declare -x/declare -gx/' >"${settings}" || return 1
+    qsub -W depend=afterany:"${PBS_JOBID}" -v "PARSEARCH_CHAIN_ENV=${settings}" "${SCRIPT}"
+}
+
+# The settings the previous job of the chain resolved, before the script's defaults.
+pbs_read_settings() {
+    [[ -n ${PARSEARCH_CHAIN_ENV:-} ]] || return 0
+    # shellcheck source=/dev/null
+    source "${PARSEARCH_CHAIN_ENV}" || chain_fail "cannot read the chain's settings" \
+        "${PARSEARCH_CHAIN_ENV}"
 }
 
 pbs_cancel_successor() {
     qdel "$1"
+}
+
+# PBS warns before no limit (the driver drains by --timeout), so a SIGTERM is qdel's.
+pbs_cancelled_by_user() {
+    return 0
 }
 
 pbs_existing_successor() {

@@ -74,7 +74,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=${dir}/munge/munge.socket
+# cred_expire: also how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket=${dir}/munge/munge.socket,cred_expire=20
 StateSaveLocation=${dir}/ctld
 SlurmdSpoolDir=${dir}/spool/%n
 SlurmctldPidFile=${dir}/slurmctld.pid
@@ -94,7 +95,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 GresTypes=gpu
-MpiDefault=none
+MpiDefault=pmi2
 ReturnToService=2
 SlurmdTimeout=20
 SlurmctldTimeout=20
@@ -109,8 +110,8 @@ EOF
         echo "NodeName=n${k} NodeAddr=${SUBNET}.$((10 + k))" >>"${dir}/slurm.conf"
     done
     cat >>"${dir}/slurm.conf" <<EOF
-PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
-PartitionName=debug Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+PartitionName=debug Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 EOF
     # Pretend GPUs: character devices that are /dev/null (1:3); Slurm counts and binds them,
     # and no program here opens them.

@@ -2,14 +2,14 @@
 # Set up (if needed) and run every test tier: unit, multi-process gloo, MPI, Ray, end-to-end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/browser.sh &  # apt's download and unpacking overlap the Python installs
-browser=$!
+scripts/system-packages.sh &  # apt's download and unpacking overlap the Python installs
+packages=$!
 scripts/bootstrap.sh
 # DeepSpeed compiles its CPU collective op on first use (under ~/.cache/torch_extensions,
 # about a minute of both cores); built here, so no trial of a test pays it inside its timeout.
 .venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" \
     >/dev/null 2>&1 || echo "scripts/test.sh: DeepSpeed's CPU op did not build now; its first trial will build it" >&2
-wait "$browser"
+wait "$packages"
 export OMP_NUM_THREADS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -8,7 +8,7 @@ before xdist reads them, so that nothing is run twice or concurrently that must 
 * the tests of a module that share a module-scoped fixture (a campaign, a launch) run on one
   worker, which sets the fixture up once; a test's own ``xdist_group`` (a finer one) wins;
 * every test that starts a local Ray cluster (marker ``ray``) runs on one worker, one
-  cluster at a time.
+  cluster at a time; so does every test of the Slurm cluster (marker ``slurm``).
 
 Under xdist the ``slow`` tests are also handed out first (after the groups of several tests,
 which xdist sends first), so that the longest ones start early and the last minutes are not
@@ -34,6 +34,8 @@ def _group(item: pytest.Item) -> str | None:
         return None  # the test chose its own
     if item.get_closest_marker("ray"):
         return "ray"
+    if item.get_closest_marker("slurm"):
+        return "slurm"  # one namespaced cluster at a time: its names and addresses are fixed
     fixtures = getattr(item, "_fixtureinfo", None)
     definitions = fixtures.name2fixturedefs.values() if fixtures else ()
     if any(d.scope == "module" for defs in definitions for d in defs):
