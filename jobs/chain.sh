@@ -165,6 +165,7 @@ chain_run() {
         echo "parsearch: campaign finished"
         parsearch report --store "${STORE}" --name "${NAME}" --out "${STORE%.db}-report"
         cancel_why="the campaign is finished"
+        STATUS=0 # srun's status is its worst task's: a lost node's, not the campaign's
     elif ((CANCELLED)); then
         echo "parsearch: submit the script again to continue the campaign"
     elif ((STATUS == 75 && DRAINING)); then
