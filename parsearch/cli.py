@@ -73,9 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _open_standard_streams()
     argv = sys.argv[1:] if argv is None else list(argv)
     if _command_of(argv) in ("run", "resume"):
-        from parsearch.campaign.signals import hold_early_stops
+        from parsearch.campaign.signals import early_stops_held
 
-        hold_early_stops()  # before the imports that take seconds: a drain must not be lost
+        with early_stops_held():  # from before the imports that take seconds
+            return _run(argv)
+    return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser(_command_of(argv))
     try:
         args = parser.parse_args(argv)  # --help prints too

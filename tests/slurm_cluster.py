@@ -27,6 +27,7 @@ SITE = ROOT / "jobs" / "sites" / "namespaced-cluster.sh"
 PREFIX = "pst"  # the cluster's bridge and namespaces: pstbr, pst-n1...
 SUBNET = "10.77.0"
 NODES = 3
+ACTIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"}
 TOOLS = ("ip", "nsenter", "unshare", "munged", "slurmctld", "slurmd", "sbatch", "sacct")
 
 
@@ -110,13 +111,16 @@ class SlurmCluster:
             fields=fields,
         )
 
-    def jobs(self, name: str) -> list[Job]:
-        """Every job of that name Slurm still remembers (MinJobAge: 10 minutes), in order."""
+    def jobs(self, name: str, since: int = 0) -> list[Job]:
+        """Every job of that name from job ``since`` on that Slurm still remembers (MinJobAge:
+        10 minutes; earlier tests' chains share the name), in order."""
         text = self.run("scontrol", "show", "job", "--oneliner").stdout
         ids = [
             int(m.group(1))
             for line in text.splitlines()
-            if (m := re.match(r"JobId=(\d+) JobName=(\S+)", line)) and m.group(2) == name
+            if (m := re.match(r"JobId=(\d+) JobName=(\S+)", line))
+            and m.group(2) == name
+            and int(m.group(1)) >= since
         ]
         return [self.job(i) for i in sorted(ids)]
 
@@ -133,15 +137,15 @@ class SlurmCluster:
                                      f"{self.run('squeue').stdout}")  # fmt: skip
             time.sleep(0.5)
 
-    def wait_for_chain(self, name: str, timeout_s: float) -> list[Job]:
-        """Every job of chain ``name`` once none is pending or running any more."""
-        active = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"}
+    def wait_for_chain(self, name: str, first: int, timeout_s: float) -> list[Job]:
+        """Every job of the chain of ``name`` that started with job ``first``, once none is
+        pending or running any more."""
         self.wait(
             f"chain {name} to end",
-            lambda: not any(job.state in active for job in self.jobs(name)),
+            lambda: not any(job.state in ACTIVE for job in self.jobs(name, first)),
             timeout_s,
         )
-        return self.jobs(name)
+        return self.jobs(name, first)
 
     def node(self, name: str, action: str) -> None:
         """Take a node's link ``down`` or bring it ``up`` (a lost node, a repaired one)."""

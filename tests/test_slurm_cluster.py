@@ -17,13 +17,19 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster, skip_or_fail, start_cluster, stop_cluster, why_not_here
+from slurm_cluster import (
+    ACTIVE,
+    SlurmCluster,
+    skip_or_fail,
+    start_cluster,
+    stop_cluster,
+    why_not_here,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 
 SPACE = "tests/fixtures/spaces/two-node-cpu.yaml"
 NAME = "two-node-cpu"  # what NAME follows from SPACE
-ACTIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +46,14 @@ def slurm(tmp_path_factory) -> SlurmCluster:
 
 def trials(store: Path) -> list[dict]:
     """Every trial row of the store (read with sqlite3 itself, not through parsearch)."""
+    if not store.exists():
+        return []
     with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as connection:
         connection.row_factory = sqlite3.Row
-        return [dict(row) for row in connection.execute("SELECT * FROM trials ORDER BY number")]
+        try:
+            return [dict(row) for row in connection.execute("SELECT * FROM trials ORDER BY number")]
+        except sqlite3.OperationalError:  # the driver is making the schema, or writing
+            return []
 
 
 def campaign_status(store: Path) -> str:
@@ -91,7 +102,7 @@ def test_a_time_limited_chain_reaches_its_budget_exactly_with_real_trials(slurm,
                          "--signal=B:USR1@40", **env)  # fmt: skip
     warned: dict[int, int] = {}  # job -> trials done when it started
     deadline = time.monotonic() + 420
-    while (jobs := slurm.jobs("parsearch-175b")) and any(j.state in ACTIVE for j in jobs):
+    while (jobs := slurm.jobs("parsearch-175b", first)) and any(j.state in ACTIVE for j in jobs):
         assert time.monotonic() < deadline, logs(tmp_path)
         done = sum(row["state"] == "ok" for row in trials(store)) if store.exists() else 0
         for job in jobs:
@@ -145,13 +156,13 @@ def test_requeue_keeps_one_successor_and_scancel_stops_the_chain(slurm, tmp_path
     slurm.wait("a trial after the requeue", lambda: sum(
         row["state"] == "ok" for row in trials(store)) > done_before and running_trial(store),
         timeout_s=240)  # fmt: skip
-    jobs = slurm.jobs("parsearch-175b")
+    jobs = slurm.jobs("parsearch-175b", first)
     assert len(jobs) == 2, [(job.id, job.state, job.dependency) for job in jobs]
     successor = jobs[1]
     assert f"afterany:{first}" in successor.dependency and successor.state == "PENDING"
 
     slurm.run("scancel", str(first))
-    jobs = slurm.wait_for_chain("parsearch-175b", timeout_s=120)
+    jobs = slurm.wait_for_chain("parsearch-175b", first, timeout_s=120)
     output = logs(tmp_path)
     assert [job.state for job in jobs] == ["CANCELLED", "CANCELLED"], output
     assert "the job was cancelled; the chain stops here" in output
@@ -163,7 +174,7 @@ def test_requeue_keeps_one_successor_and_scancel_stops_the_chain(slurm, tmp_path
 
     # Submitting the script again resumes the campaign: the interrupted trial first.
     again = slurm.submit("frontier.sbatch", "-t", "10", "-N", "3", **env)
-    jobs = slurm.wait_for_chain("parsearch-175b", timeout_s=300)
+    jobs = slurm.wait_for_chain("parsearch-175b", again, timeout_s=300)
     output = logs(tmp_path)
     rows = trials(store)
     assert campaign_status(store) == "finished", output
@@ -189,7 +200,7 @@ def test_a_lost_node_ends_its_trial_and_the_campaign_goes_on_with_the_nodes_left
     victim = busiest_worker_node(slurm)
     killed = kill_parsearch_processes(slurm, victim)
     assert killed
-    jobs = slurm.wait_for_chain("parsearch-175b", timeout_s=300)
+    jobs = slurm.wait_for_chain("parsearch-175b", job, timeout_s=300)
     output = logs(tmp_path)
     rows = trials(store)
     assert slurm.job(job).state == "COMPLETED", output
@@ -237,7 +248,7 @@ def test_ray_cluster_script_runs_a_campaign_over_the_namespaced_nodes(slurm, tmp
                     CPUS_PER_NODE="8", GPUS_PER_NODE="2")  # fmt: skip
     store = Path(env["STORE"])
     job = slurm.submit("ray-cluster.sh", "-t", "10", "-N", "2", **env)
-    jobs = slurm.wait_for_chain("parsearch-ray", timeout_s=420)
+    jobs = slurm.wait_for_chain("parsearch-ray", job, timeout_s=420)
     output = logs(tmp_path)
     assert slurm.job(job).state == "COMPLETED", output
     rows = trials(store)

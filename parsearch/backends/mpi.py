@@ -38,6 +38,7 @@ from parsearch.backends.mpi_worker import (
     Mailbox,
     WorkerSettings,
     discard_unreceived,
+    launched_by_hydra,
     serve,
     world,
 )
@@ -375,7 +376,7 @@ class MPIBackend:
         notice, and its SIGUSR1 is Slurm's warning before the time limit, which must reach
         the session's handler at once (a filter that waits for every worker's answer while
         the trials load both cores took the warning for a lost node)."""
-        if not _under_hydra() or threading.current_thread() is not threading.main_thread():
+        if not launched_by_hydra() or threading.current_thread() is not threading.main_thread():
             return
         current = signal.getsignal(signal.SIGUSR1)
         if current != self._on_usr1:
@@ -461,12 +462,6 @@ def release_workers(box: Mailbox, ranks: list[int]) -> None:
     discard_unreceived(box.comm)  # the beats that crossed the goodbyes
 
 
-def _under_hydra() -> bool:
-    """Whether MPICH's hydra (``mpiexec``) started this rank: hydra signals SIGUSR1 to the
-    ranks when one of them dies. It sets ``MPI_LOCALNRANKS``; ``srun``'s PMI does not."""
-    return "MPI_LOCALNRANKS" in os.environ
-
-
 def _at_exit(comm: Any) -> None:
     """Ignore hydra's SIGUSR1 from the exiting workers for good (Python resets its own
     handlers to the default, fatal one as it shuts down), and release the workers if no
@@ -484,7 +479,7 @@ def serve_if_worker() -> bool:
     if comm.Get_rank() != 0:
         serve(comm)
         return True
-    if _under_hydra():  # under srun, SIGUSR1 is Slurm's warning: the early handler keeps it
+    if launched_by_hydra():  # under srun, SIGUSR1 is Slurm's warning: the early handler keeps it
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     atexit.register(_at_exit, comm)
     return False

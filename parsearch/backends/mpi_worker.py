@@ -82,9 +82,22 @@ def world() -> Any:
     os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
     from mpi4py import MPI
 
+    if "MPI_LOCALNRANKS" in os.environ:  # hydra's; gone from the environment below
+        _launcher["hydra"] = True
     for name in [name for name in os.environ if name.startswith(JOB_VARIABLES)]:
         del os.environ[name]
     return MPI.COMM_WORLD
+
+
+# Whether MPICH's hydra (``mpiexec``) started this process, read by :func:`world` before it
+# removes the job's variables: hydra sets ``MPI_LOCALNRANKS``, ``srun``'s PMI does not.
+_launcher = {"hydra": False}
+
+
+def launched_by_hydra() -> bool:
+    """Whether hydra started this rank: hydra signals SIGUSR1 to the ranks when one of them
+    dies, where under ``srun`` SIGUSR1 is Slurm's warning before the time limit."""
+    return _launcher["hydra"]
 
 
 class Mailbox:

@@ -19,24 +19,35 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signa
 _early: list[str] = []
 
 
-def hold_early_stops() -> None:
+@contextlib.contextmanager
+def early_stops_held() -> Iterator[None]:
     """Record SIGTERM and SIGUSR1 that arrive while a driver starts, for the session to act
-    on once it listens (:meth:`StopRequest.on_signals`).
+    on once it listens (:meth:`StopRequest.on_signals`); the handlers before are restored
+    after the block.
 
     Importing torch and DeepHyper takes seconds, and a scheduler does not wait: Slurm's
     warning before the time limit, a ``scancel`` or a requeue may come meanwhile. Left to
     their default action they kill the process before it can drain, or (SIGUSR1 ignored
-    under MPI) the warning is lost and the job runs into its limit. Called by the command
-    line before it imports a command; SIGINT keeps its KeyboardInterrupt.
+    under MPI) the warning is lost and the job runs into its limit. SIGINT keeps its
+    KeyboardInterrupt.
     """
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
+    held = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {sig: signal.getsignal(sig) for sig in held}
 
     def early(signum: int, frame: object) -> None:
         _early.append(signal.Signals(signum).name)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in held:
         signal.signal(sig, early)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        _early.clear()
 
 
 class StopRequest:
