@@ -16,4 +16,4 @@ export OMP_NUM_THREADS=1
 # Two xdist workers: the tiers mostly wait (sleeps, timeouts, process start-up), so two run
 # in about the time of one; tests/conftest.py keeps together what must share a worker.
 # Arguments pass through to pytest and come last: `scripts/test.sh -n 0` runs in one process.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15 "$@"

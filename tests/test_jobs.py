@@ -6,9 +6,9 @@ Nobody runs Frontier from CI, so what can break silently is checked here: every
 variables set to plausible values) and parsed by :func:`parsearch.cli.build_parser`; the
 space a script names must load; the drain settings must fit the warning the scheduler gives.
 Then the scripts run for real under bash, with small stand-ins for the scheduler's commands
-(``sbatch``, ``srun``, ``qsub``, ...) and the ``simulate`` backend: a drain keeps the
-successor and the successor finishes with the first job's budget; a driver that fails at
-start leaves no successor; a second chain on the same store stops at once.
+(``sbatch``, ``srun``, ``qsub``, ...) and the ``simulate`` backend: PBS's drain keeps the
+successor, which gets every setting; a driver that fails at start leaves no successor. The
+Slurm chain itself runs on a real Slurm cluster: tests/test_slurm_cluster.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -320,80 +318,9 @@ def _finished(store: str) -> int:
     return sum(n for state, n in counts.items() if state.finished)
 
 
-def _running(store: str) -> bool:
-    """Whether the campaign's driver is running (it holds the lease from then on)."""
-    try:
-        return _campaign(store).status.value == "running"
-    except StoreError:
-        return False
-
-
 def _campaign(store: str):
     with open_store(store, readonly=True) as opened:
         return opened.get_campaign()
-
-
-@pytest.mark.e2e
-def test_frontier_chain_drains_keeps_its_successor_which_finishes_with_the_same_budget(cluster):
-    script = JOBS / "frontier.sbatch"
-    env = {
-        **cluster,
-        "SHIM_SCRIPT": str(script),
-        "BUDGET": "8",  # 10 s trials: the first job still runs when the rival is done
-        "GRACE": "20",
-        "LEASE_TIMEOUT": "30",
-        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=10 --slots 1",
-    }
-    job = subprocess.Popen(["bash", str(script)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not _running(env["STORE"]) and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-    # A second chain on the same store, while the first one's driver holds the lease: its
-    # driver exits 75, again after LEASE_WAIT, and the chain stops (its successor cancelled).
-    second = {**env, "SLURM_JOB_ID": "7777", "LEASE_WAIT": "1"}
-    rival = subprocess.run(["bash", str(script)], env=second, cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
-    assert rival.returncode == 75, rival.stdout + rival.stderr
-    assert "another driver holds the campaign's lease" in rival.stdout
-    assert rival.stdout.count("waiting 1 s for it to go stale") == 1
-    rival_successor = _submitted(cluster)[1]
-    assert "--dependency=afterany:7777,singleton" in rival_successor
-    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == "scancel 5002"
-
-    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1: to the batch shell only
-    output, _ = job.communicate(timeout=120)
-    assert job.returncode == 0, output
-    assert "time limit near, draining" in output and "successor 5001 resumes" in output
-    campaign = _campaign(env["STORE"])
-    assert campaign.status.value == "stopped" and campaign.budget == 8
-    assert 1 <= _finished(env["STORE"]) < 8
-    first_successor = _submitted(cluster)[0]
-    assert "--dependency=afterany:4242,singleton" in first_successor
-    assert "--job-name=parsearch" in first_successor
-    assert first_successor[-1] == str(script)
-    assert "scancel 5001" not in Path(cluster["SHIM_LOG"]).read_text()
-
-    # The successor, with exactly what the submission carried: no BUDGET of its own, so a
-    # successor that fell back to the script's default (200) would change the campaign.
-    carried = _carried(cluster, 1)
-    assert carried["BUDGET"] == "8" and carried["JOB_INDEX"] == "2"
-    assert carried["STORE"] == env["STORE"] and carried["GRACE"] == "20"
-    successor = {key: value for key, value in cluster.items()}
-    successor.update(carried, SLURM_JOB_ID="5001", SHIM_SCRIPT=str(script))
-    # The stored delay would otherwise carry over (a resume keeps the campaign's backend
-    # options): without it, the rest finishes quickly.
-    successor["PARSEARCH_ARGS"] = "--backend simulate --backend-opt delay=0"
-    rerun = subprocess.run(["bash", str(script)], env=successor, cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert "campaign finished" in rerun.stdout
-    campaign = _campaign(env["STORE"])
-    assert campaign.status.value == "finished" and campaign.budget == 8
-    assert _finished(env["STORE"]) == 8
-    assert (Path(env["STORE"]).parent / "campaign-report" / "index.html").exists()
-    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == "scancel 5003"
 
 
 @pytest.mark.e2e
