@@ -7,8 +7,9 @@
 #
 #   driver exit              campaign     successor
 #   0 (drained)              unfinished   kept: it resumes with the same settings
-#   0                        finished     cancelled; the report is written
+#   any                      finished     cancelled; the report is written
 #   75 (lease held) twice    any          cancelled: another driver is live on this store
+#   other, after progress    unfinished   kept: srun's status is its worst task's (a lost node)
 #   anything else            any          cancelled: a failed start is never resubmitted
 #
 # A lease conflict (75) is first waited out in the job itself (LEASE_WAIT s, once): a driver
@@ -98,6 +99,21 @@ except (ValueError, KeyError, TypeError):  # no campaign of that name yet
 sys.exit(status != "finished")'
 }
 
+# How many trials the campaign has finished (0 while there is none).
+chain_finished_trials() {
+    [[ -f ${STORE} ]] || {
+        echo 0
+        return
+    }
+    parsearch status --store "${STORE}" --name "${NAME}" --format json 2>/dev/null |
+        python -c '
+import json, sys
+try:
+    print(int(json.load(sys.stdin)["finished"]))
+except (ValueError, KeyError, TypeError):
+    print(0)'
+}
+
 # Run "$@" (the driver) in the background and wait for it. A batch shell runs a trap only
 # while it waits on a background child, so the signals arrive here:
 # * USR1, the scheduler's warning before the time limit: passed on, the driver drains;
@@ -153,6 +169,8 @@ chain_run() {
         echo "parsearch: successor ${SUCCESSOR} queued (starts after this job ends)"
     fi
 
+    local done_before
+    done_before=$(chain_finished_trials)
     chain_drive "$@"
     if ((STATUS == 75 && DRAINING == 0)); then
         echo "parsearch: the campaign's lease is held; waiting ${LEASE_WAIT} s for it to go stale"
@@ -172,6 +190,11 @@ chain_run() {
         echo "parsearch: the time limit came before the lease went stale; the successor tries again"
     elif ((STATUS == 75)); then
         cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on ${STORE}?)"
+    elif ((STATUS != 0)) && (($(chain_finished_trials) > done_before)) && [[ -n ${SUCCESSOR} ]]; then
+        # srun's status is its worst task's: a worker on a lost node, while the campaign
+        # went on. A job that made progress is no failed start: the successor resumes.
+        echo "parsearch: the step ended with exit ${STATUS} after the campaign made progress" \
+            "(a lost node?); successor ${SUCCESSOR} resumes the campaign"
     elif ((STATUS != 0)); then
         cancel_why="the driver failed (exit ${STATUS}); fix the cause and submit again"
     elif [[ -n ${SUCCESSOR} ]]; then

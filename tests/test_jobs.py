@@ -223,8 +223,10 @@ def test_the_torchtitan_space_never_offers_what_torchtitan_refuses():
 SHIMS = {
     # srun and mpiexec: drop the launcher's options, run the command once, here (exec: a
     # signal sent to the "srun" reaches the command, as srun forwards it).
+    # SHIM_SRUN_EXIT: srun's own status instead (its worst task's, e.g. a lost node's).
     "srun": 'while [[ $# -gt 0 && "$1" == -* ]]; do\n'
-    '    case "$1" in -N|-n|-w) shift 2 ;; *) shift ;; esac\ndone\nexec "$@"',
+    '    case "$1" in -N|-n|-w) shift 2 ;; *) shift ;; esac\ndone\n'
+    '[[ -z "${SHIM_SRUN_EXIT:-}" ]] && exec "$@"\n"$@"; exit "${SHIM_SRUN_EXIT}"',
     "mpiexec": 'while [[ $# -gt 0 && "$1" == -* ]]; do\n'
     '    case "$1" in --no-abort-on-failure) shift ;; *) shift 2 ;; esac\ndone\nexec "$@"',
     # sbatch --parsable / qsub: record the submission (its arguments, one per line, in
@@ -400,3 +402,24 @@ def test_polaris_carries_settings_with_commas_quotes_and_spaces_to_its_successor
         assert carried[name] == env[name], name
     assert carried["JOB_INDEX"] == "2"
     assert not any(name.startswith(("SLURM_", "PBS_JOBID")) for name in carried)
+
+
+@pytest.mark.e2e
+def test_a_step_that_fails_after_the_campaign_made_progress_keeps_its_successor(cluster):
+    """srun's status is its worst task's: a worker lost on a dead node fails the step while
+    the driver drained cleanly. A job whose campaign made progress resumes in its successor;
+    one that made none (a failed start) cancels it (test above)."""
+    env = {
+        **cluster,
+        "SHIM_SCRIPT": str(JOBS / "frontier.sbatch"),
+        "SHIM_SRUN_EXIT": "137",
+        "SPACE": "search_spaces/gpt-175b-frontier.yaml",
+        "BUDGET": "500",
+        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=0.2 --timeout 4",
+    }
+    job = subprocess.run(["bash", str(JOBS / "frontier.sbatch")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert job.returncode == 137, job.stdout + job.stderr
+    assert "after the campaign made progress" in job.stdout, job.stdout
+    assert "scancel" not in Path(cluster["SHIM_LOG"]).read_text()
+    assert 0 < _finished(env["STORE"]) < 500
