@@ -123,7 +123,7 @@ except (ValueError, KeyError, TypeError):
 chain_drive() {
     "$@" &
     DRIVER=$!
-    trap 'echo "parsearch: time limit near, draining"; DRAINING=1; kill -USR1 "${DRIVER}"' USR1
+    trap chain_on_warning USR1
     trap chain_on_term TERM
     wait "${DRIVER}"
     STATUS=$?
@@ -132,6 +132,15 @@ chain_drive() {
         STATUS=$?
     done
     trap 'DRAINING=1' USR1 # a warning between two drivers: start no other
+}
+
+# Passed on once: srun hands the signal to every task, and a second one (Slurm's warning and
+# a user's `scancel --signal=USR1` both) could reach a task that is already exiting.
+chain_on_warning() {
+    ((DRAINING)) && return
+    echo "parsearch: time limit near, draining"
+    DRAINING=1
+    kill -USR1 "${DRIVER}"
 }
 
 chain_on_term() {

@@ -173,7 +173,8 @@ def test_slurm_scripts_drain_within_the_warning(name):
     assert _default(text, "GRACE") < int(warning.group(1))
     # A batch shell runs its trap only while it waits on a background child.
     chain = (JOBS / "chain.sh").read_text()
-    assert re.search(r"trap '[^']*kill -USR1 \"\$\{DRIVER\}\"' USR1", chain)
+    assert "trap chain_on_warning USR1" in chain and 'kill -USR1 "${DRIVER}"' in chain
+    assert _default(text, "WARNING_S") == int(warning.group(1))  # what successors are given
     assert '"$@" &' in chain and "DRIVER=$!" in chain and 'wait "${DRIVER}"' in chain
 
 

@@ -23,7 +23,7 @@ _early: list[str] = []
 def early_stops_held() -> Iterator[None]:
     """Record SIGTERM and SIGUSR1 that arrive while a driver starts, for the session to act
     on once it listens (:meth:`StopRequest.on_signals`); the handlers before are restored
-    after the block.
+    after the block where nobody replaced ours meanwhile.
 
     Importing torch and DeepHyper takes seconds, and a scheduler does not wait: Slurm's
     warning before the time limit, a ``scancel`` or a requeue may come meanwhile. Left to
@@ -46,7 +46,10 @@ def early_stops_held() -> Iterator[None]:
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            # Only where ours is still in place: an MPI worker ignores SIGUSR1 to its very
+            # end (srun passes a late warning to every task; the default would kill it).
+            if signal.getsignal(sig) is early:
+                signal.signal(sig, old)
         _early.clear()
 
 
