@@ -17,8 +17,6 @@ from parsearch import results
 from parsearch.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.multiprocess]
-# Not yet in the `trainers` extra: skipped where it is not installed.
-pytest.importorskip("lightning")
 SPACE = "lightning/lightning-cpu.yaml"
 SEQ = 64
 
