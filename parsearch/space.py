@@ -609,10 +609,17 @@ class _Reader:
         self, value: Any, *, trainer_kind: str, allocation: AllocationSpec
     ) -> EstimateSettings:
         """The estimate's settings; its memory accounting follows the trainer unless set:
-        the built-in trainer's own (``torch``) or Megatron's for a command trainer. A
-        ``machine`` profile (a path relative to the space file) replaces its constants."""
+        the built-in trainer's own (``torch``) or Megatron's for a command trainer. Its
+        precision follows the device unless set: CPUs train in fp32 (the built-in trainer's
+        ``auto``, and what a DeepSpeed or HF program does there unless told otherwise), so a CPU
+        campaign's memory is counted in fp32 and ``best --format deepspeed`` turns no 16-bit
+        mode on that never ran. A ``machine`` profile (a path relative to the space file)
+        replaces its constants."""
         data = self.mapping(value, "estimate", _ESTIMATE_KEYS)
-        kwargs: dict[str, Any] = {"framework": "torch" if trainer_kind == "builtin" else "megatron"}
+        kwargs: dict[str, Any] = {
+            "framework": "torch" if trainer_kind == "builtin" else "megatron",
+            "precision": "fp32" if allocation.device == "cpu" else "bf16",
+        }
         machine = None
         for key, item in data.items():
             where = f"estimate.{key}"

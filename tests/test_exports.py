@@ -293,6 +293,20 @@ def test_megatron_output_is_one_flag_per_line(space):
     assert "--recompute-method uniform" in lines
 
 
+@pytest.mark.parametrize(
+    "device,declared,expected",
+    [("cpu", None, None), ("cuda", None, "bf16"), ("cpu", "bf16", "bf16"), ("cuda", "fp32", None)],
+)
+def test_deepspeed_config_turns_on_only_the_precision_the_device_trains_in(
+    device, declared, expected
+):
+    """An fp32 CPU run exported as bf16 would change what the user's next run measures."""
+    data = {**SPACE, "allocation": {**SPACE["allocation"], "device": device}}
+    data["estimate"] = {"precision": declared} if declared else {}
+    config = json.loads(export("deepspeed", _layout(pp=1, dp=32), space_from_dict(data)))
+    assert [key for key in ("bf16", "fp16") if key in config] == ([expected] if expected else [])
+
+
 def test_unknown_format_names_the_valid_ones(space):
     with pytest.raises(ExportError, match="megatron, megatron-deepspeed, deepspeed, torchtitan"):
         export("nemo", _layout(), space)
