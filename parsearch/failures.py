@@ -57,6 +57,12 @@ def failure_reason(error: str | None, log_tail: str) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
 
 
+def reason_key(reason: str) -> str:
+    """What two failures must share to read alike: the reason with its numbers (a rank, a
+    size, a port) left out."""
+    return _NUMBER.sub("#", reason)
+
+
 def group_failures(records: Iterable[TrialRecord]) -> list[FailureGroup]:
     """The failed trials of ``records`` by state and reason, largest group first."""
     groups: dict[tuple[TrialState, str], list[tuple[int, str]]] = {}
@@ -64,7 +70,7 @@ def group_failures(records: Iterable[TrialRecord]) -> list[FailureGroup]:
         if record.state not in FAILURE_STATES:
             continue
         reason = failure_reason(record.error, record.log_tail)
-        key = (record.state, _NUMBER.sub("#", reason))
+        key = (record.state, reason_key(reason))
         groups.setdefault(key, []).append((record.number, reason))
     found = [
         FailureGroup(state, members[0][1], tuple(number for number, _ in members))
