@@ -14,7 +14,7 @@ from parsearch.config import ParallelLayout
 from parsearch.estimate.proxy import predict_run
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.proxy_phase import ProxyPhase, expected_run_s
-from parsearch.search.strategy import Proposal, Strategy
+from parsearch.search.strategy import Placement, Proposal, Strategy
 from parsearch.space import SearchSpace, space_from_dict
 
 
@@ -90,11 +90,11 @@ def finish(
     else:
         tokens = dp * proposal.layout.mbs * proposal.layout.gas * phase.space.model.seq_length
         result = TrialResult(TrialState.OK, {"tokens_per_s": tokens / value, "step_time_s": value})
-    result = phase.full_scale_result(record, result)
+    result = phase.record_result(record, result)
     record.state = result.status
     record.metrics = result.metrics
     record.objective = result.metrics.get("tokens_per_s") if result.ok else None
-    phase.settle([(record, result)])
+    phase.finished([(record, result)])
     return record, result
 
 
@@ -203,7 +203,7 @@ def test_while_the_first_wave_drains_a_proxy_starts_only_if_expected_to_end_befo
     def wave(clocked: bool = True) -> ProxyPhase:
         phase = ProxyPhase(Listed(space, order, n_seeds=3), budget=20, open_full_scale=False)
         if clocked:
-            phase.clock = lambda: now[0]
+            phase.place(Placement(clock=lambda: now[0]))
         now[0] = 0.0
         slow, *fast = phase.ask(3)
         assert slow.layout == listed[8]
@@ -347,8 +347,8 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     running, _ = live.ask(2)  # left queued by a killed driver, and one finished
     history.append(Record(running.layout, running.proxy.dp if running.proxy else None))
     history.append(finish(live, _, 0.7)[0])
-    resumed = ProxyPhase(Listed(space, layouts(space), n_seeds=2), budget=12)
-    resumed.replay(history)
+    resumed = ProxyPhase(Listed(space, layouts(space), n_seeds=2))
+    resumed.start(history, budget=12)
     assert resumed.correction == pytest.approx(live.correction)
     # The confirmation measured 3x its (calibrated) prediction: the geometric mean of both.
     assert live.correction == pytest.approx(calibrated * 3**0.5)

@@ -24,7 +24,7 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, start_campaign
 from parsearch.search.proxy_phase import ProxyPhase
-from parsearch.search.strategy import GuidedStrategy, Strategy, make_strategy
+from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import SearchSpace, load_space
 
 
@@ -59,22 +59,16 @@ def run_campaign(
         if not isinstance(space, SearchSpace):
             space = load_space(space)
         if isinstance(strategy, str):
-            strategy = make_strategy(strategy, space, seed=seed, settle=settle)
-        if proxy:
+            strategy = make_strategy(strategy, space, seed=seed, settle=settle, proxy=proxy)
+        elif proxy:
             strategy = ProxyPhase(strategy)
     except BaseException:
         backend.close()
         if isinstance(strategy, Strategy):
             strategy.close()
         raise
-    proxy = isinstance(strategy, ProxyPhase)
-    named = strategy.inner if isinstance(strategy, ProxyPhase) else strategy
     settings = CampaignSettings(
-        backend=backend.name,
-        strategy=named.name,
-        timeout_s=timeout_s,
-        proxy=proxy,
-        settle=isinstance(named, GuidedStrategy) and named.settle is not None,
+        backend=backend.name, timeout_s=timeout_s, **strategy.campaign_settings()
     )
     return start_campaign(
         space,

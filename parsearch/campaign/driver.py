@@ -18,13 +18,16 @@ strategy all of them at once. Invariants:
 * a result with impossible figures (not finite, negative, above the peak FLOP/s or any
   addressable memory) is recorded as an ``error`` and told as a failure, never as a value.
 
-With a :class:`~parsearch.search.proxy_phase.ProxyPhase` strategy (``run --proxy``) trials
-differ in size: a proxy spans fewer nodes than the allocation. The driver then asks for one
-trial at a time while the backend has a free node (:func:`~parsearch.backends.room_for`),
-queues it in the store, and starts the queue's head as soon as there is room for it, so
-small proxies fill the nodes a full-scale trial would hold and a confirmation waits for
-the whole allocation. A proxy's result is recorded with the full-scale figures predicted
-from it (its own kept in ``metrics["fidelity"]``).
+The driver knows strategies by :class:`~parsearch.search.strategy.Strategy`'s interface
+alone: it hands each the backend's placement and clock
+(:class:`~parsearch.search.strategy.Placement`), stores what
+:meth:`~parsearch.search.strategy.Strategy.record_result` says a finished trial measured,
+and tells it what finished. A strategy whose trials differ in size (``sized``: ``run
+--proxy``, where a proxy spans fewer nodes than the allocation) is asked for one trial at a
+time while the backend has a free node (:func:`~parsearch.backends.room_for`); each is
+queued in the store and the queue's head starts as soon as there is room for it, so small
+proxies fill the nodes a full-scale trial would hold and a confirmation waits for the whole
+allocation.
 """
 
 from __future__ import annotations
@@ -47,8 +50,7 @@ from parsearch.errors import BackendError, ParsearchError
 from parsearch.plausible import checked as plausible_result
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
-from parsearch.search.proxy_phase import ProxyPhase
-from parsearch.search.strategy import Proposal, Strategy
+from parsearch.search.strategy import Placement, Proposal, Strategy
 from parsearch.space import SearchSpace
 from parsearch.store import Campaign, Store, TrialRecord
 from parsearch.trial import TrialSpec, nodes_spanned
@@ -108,10 +110,9 @@ class Driver:
         self.space = space
         self.backend = backend
         self.strategy = strategy
-        self.proxies = strategy if isinstance(strategy, ProxyPhase) else None
-        if self.proxies is not None:
-            self.proxies.room = lambda nodes: room_for(self.backend, nodes)
-            self.proxies.clock = clock_of(self.backend)
+        strategy.place(
+            Placement(room=lambda nodes: room_for(backend, nodes), clock=clock_of(backend))
+        )
         self.lease = lease
         self.settings = settings
         self.stop = stop or StopRequest()
@@ -214,7 +215,7 @@ class Driver:
 
     def _dispatch(self) -> bool:
         """Fill free slots within the budget; return whether the strategy ran dry."""
-        if self.proxies is not None:
+        if self.strategy.sized:
             return self._dispatch_sized()
         while True:
             room = min(
@@ -269,7 +270,7 @@ class Driver:
                 judged.append(self._finish_infeasible(record, problems))
             else:
                 runnable.append(record)
-        self._tell(judged)
+        self.strategy.finished(judged)
         return runnable
 
     def _launch(self, record: TrialRecord) -> None:
@@ -321,8 +322,7 @@ class Driver:
             if result.status is TrialState.INTERRUPTED:
                 self._interrupt(record, result)
                 continue
-            if self.proxies is not None:
-                result = self.proxies.full_scale_result(record, result)
+            result = self.strategy.record_result(record, result)
             objective = result.objective(self.metric)
             value = objective if isinstance(objective, float) else None
             record = self.store.finish_trial(record.id, result, value)
@@ -331,7 +331,7 @@ class Driver:
             self._finished_here += 1
             self._last_finish = time.monotonic()
             told.append((record, result))
-        self._tell(told)
+        self.strategy.finished(told)
 
     def _interrupt(self, record: TrialRecord, result: TrialResult) -> None:
         """A trial stopped from outside (the job ending kills every process of its step) is
@@ -342,15 +342,6 @@ class Driver:
             self._interrupted_outside += 1
         else:
             self.queue.append(self.store.requeue(record.id))
-
-    def _tell(self, results: list[tuple[TrialRecord, TrialResult]]) -> None:
-        if results and self.proxies is not None:
-            self.proxies.settle(results)
-        elif results:
-            self.strategy.observe([(record.layout, result) for record, result in results])
-            self.strategy.tell(
-                [(record.layout, result.objective(self.metric)) for record, result in results]
-            )
 
     def _count(self, record: TrialRecord) -> None:
         self.finished += 1

@@ -30,9 +30,8 @@ from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, Us
 from parsearch.estimate.profile import profile_from_dict, profile_to_dict
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
 from parsearch.query import load_warm_start
-from parsearch.result import TrialResult, TrialState
+from parsearch.result import TrialState
 from parsearch.scaling import chosen_campaign
-from parsearch.search.proxy_phase import ProxyPhase
 from parsearch.search.strategy import Strategy, make_strategy
 from parsearch.space import (
     SearchSpace,
@@ -366,9 +365,8 @@ class _Parts:
             warm_start=None
             if settings.warm_start is None
             else load_warm_start(settings.warm_start, settings.warm_start_name),
+            proxy=settings.proxy,
         )
-        if settings.proxy:
-            strategy = ProxyPhase(strategy)
         if backend is not None:
             return cls(strategy, backend, owns_backend=False)
         try:
@@ -435,14 +433,7 @@ def _session(
         assert campaign.budget is not None  # start_campaign always sets one
         try:
             strategy = parts.strategy
-            if isinstance(strategy, ProxyPhase):
-                strategy.budget = campaign.budget
-                strategy.replay(history)  # proxies and confirmations, told as they were
-            else:
-                strategy.exclude(record.layout for record in history)
-                finished = [r for r in history if r.state.finished]
-                strategy.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
-                strategy.tell([(r.layout, _told_value(r)) for r in finished])
+            strategy.start(history, budget=campaign.budget)  # told as they were
             progress.message(
                 f"campaign '{campaign.name}': {space.name}, budget {campaign.budget}, backend "
                 f"{settings.backend} ({parts.backend.capacity} slots), strategy "
@@ -539,12 +530,6 @@ def _reopen(store: Store, campaign: Campaign) -> list[TrialRecord]:
     for record in store.trials(campaign.id, states=[TrialState.INTERRUPTED]):
         store.requeue(record.id)
     return store.trials(campaign.id)
-
-
-def _told_value(record: TrialRecord) -> float | str:
-    if record.state is TrialState.OK and record.objective is not None:
-        return float(record.objective)
-    return f"F_{record.state.value}"
 
 
 def _check_budget(budget: int) -> None:

@@ -32,11 +32,12 @@ Confirmations are full-scale trials of layouts a proxy measured, best predicted 
   succeeded, so that a campaign's answer is a full-scale measurement unless the budget
   ends first.
 
-Proxies are placed as nodes free up (``room``: the backend's placement, which the driver
-hands over): the first wave starts its longest predicted proxy first, so that the wave ends
-together; later, a pick that needs more nodes than are free waits while up to ``OVERTAKE``
-smaller ones start beside the running proxies (a backfill), then is started first. While
-running proxies drain before a confirmation (the first wave's, or any later one), a proxy
+Proxies are placed as nodes free up (the backend's
+:class:`~parsearch.search.strategy.Placement`, which the driver hands every strategy): the
+first wave starts its longest predicted proxy first, so that the wave ends together;
+later, a pick that needs more nodes than are free waits while up to ``OVERTAKE`` smaller
+ones start beside the running proxies (a backfill), then is started first. While running
+proxies drain before a confirmation (the first wave's, or any later one), a proxy
 starts on the nodes they free if it is expected to end before the last of them does, with
 ``DRAIN_SAFETY`` to spare: how long a run takes is learnt from the runs that finished, on
 the backend's ``clock`` (:func:`expected_run_s`).
@@ -49,7 +50,7 @@ ran out of memory condemns its layout only when nothing is dp-sharded
 measured again on the next larger proxy, or, with none smaller than the allocation, given
 up as out of memory (full-scale trials are kept for confirmations).
 
-The state is rebuilt from the store's trials on resume (:meth:`ProxyPhase.replay`), in
+The state is rebuilt from the store's trials on resume (:meth:`ProxyPhase.start`), in
 trial order, so a resumed campaign decides as the interrupted one would have.
 """
 
@@ -58,7 +59,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
 from parsearch.config import ParallelLayout
 from parsearch.estimate.proxy import (
@@ -74,7 +74,7 @@ from parsearch.estimate.proxy import (
 )
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.optimizer import Objective
-from parsearch.search.strategy import Proposal, Strategy
+from parsearch.search.strategy import Placement, Proposal, Strategy, TrialLike
 
 OVERTAKE = 3  # smaller picks that may start before one waiting for more nodes
 DRAIN_SAFETY = 1.2  # a drain fill must be expected to end this much before the drain does
@@ -105,25 +105,11 @@ class Run:
     step_s: float  # the estimate's step of the run (proxy or full scale), to time it
 
 
-class TrialLike(Protocol):
-    """What :class:`ProxyPhase` reads of a stored trial (a ``TrialRecord``)."""
-
-    @property
-    def layout(self) -> ParallelLayout: ...
-    @property
-    def proxy_dp(self) -> int | None: ...
-    @property
-    def state(self) -> TrialState: ...
-    @property
-    def objective(self) -> float | None: ...
-    @property
-    def metrics(self) -> dict: ...
-
-
 class ProxyPhase(Strategy):
     """``inner``'s proposals measured by proxies first, the best confirmed at full scale."""
 
     name = "proxy"
+    sized = True
 
     def __init__(
         self,
@@ -155,8 +141,7 @@ class ProxyPhase(Strategy):
         self._held: list[Proposal] = []  # picks waiting for more free nodes than there are
         self._overtaken = 0  # picks started since the oldest held one was held
         self._runs: dict[str, Run] = {}  # key -> its running trial
-        self.room: Callable[[int], int] | None = None  # trials of N nodes the backend takes
-        self.clock: Callable[[], float] | None = None  # the backend's time, seconds
+        self.clock: Callable[[], float] | None = None  # the backend's time, once placed
         self._durations: list[tuple[float, float]] = []  # finished: (predicted step, held s)
 
     # -- what the driver asks -----------------------------------------------------------------
@@ -282,8 +267,8 @@ class ProxyPhase(Strategy):
         ``local`` backend's trials by slot), or else the allocation's nodes that no trial
         of this phase holds (a phase driven by hand)."""
         nodes = self._run_nodes(proposal)
-        if self.room is not None:
-            return self.room(nodes) > 0
+        if self.placement.room is not None:
+            return self.placement.room(nodes) > 0
         return nodes <= self.space.allocation.nodes - sum(r.nodes for r in self._runs.values())
 
     def _proxies_of(self, proposals: Iterable[Proposal]) -> list[Proposal]:
@@ -417,7 +402,7 @@ class ProxyPhase(Strategy):
 
     # -- what finished ------------------------------------------------------------------------
 
-    def full_scale_result(self, record: TrialLike, result: TrialResult) -> TrialResult:
+    def record_result(self, record: TrialLike, result: TrialResult) -> TrialResult:
         """What a finished trial records: a proxy's full-scale figures predicted from its
         measurement (its own in ``metrics["fidelity"]``); a full-scale trial's as measured.
         A proxy's out-of-memory is kept as such, its error saying whether it condemns the
@@ -453,8 +438,8 @@ class ProxyPhase(Strategy):
         per_node = self.space.allocation.devices_per_node
         return ProxyPlan(layout, record.proxy_dp, nodes_for(proxy, per_node))
 
-    def settle(self, finished: Sequence[tuple[TrialLike, TrialResult]]) -> None:
-        """Learn from finished trials (as recorded, after :meth:`full_scale_result`) and
+    def finished(self, finished: Sequence[tuple[TrialLike, TrialResult]]) -> None:
+        """Learn from finished trials (as recorded, after :meth:`record_result`) and
         tell the wrapped strategy what they say of each layout at full scale."""
         observed: list[tuple[ParallelLayout, TrialResult]] = []
         told: list[tuple[ParallelLayout, Objective]] = []
@@ -530,21 +515,33 @@ class ProxyPhase(Strategy):
         if proxy_dp is not None and key not in self._proxy_order:
             self._proxy_order[key] = None
 
-    def replay(self, history: Sequence[TrialLike]) -> None:
-        """Rebuild the state from a campaign's stored trials, in their order (resume)."""
+    def start(self, history: Sequence[TrialLike], *, budget: int) -> None:
+        """Take the campaign's budget, and rebuild the state from its stored trials, in their
+        order (resume): a resumed campaign decides as the interrupted one would have."""
+        self.budget = budget
         self.inner.exclude(record.layout for record in history)
         for record in history:
             self._started(record.layout, record.proxy_dp)
             if record.state.finished:
-                self.settle([(record, TrialResult(record.state, record.metrics))])
+                self.finished([(record, TrialResult(record.state, record.metrics))])
 
     # -- the Strategy interface ---------------------------------------------------------------
+
+    def place(self, placement: Placement) -> None:
+        """Where its trials run: proxies are started when the backend has room for their
+        nodes, and run times are learnt on its clock (none before: driven by hand)."""
+        super().place(placement)
+        self.inner.place(placement)
+        self.clock = placement.clock
+
+    def campaign_settings(self) -> dict[str, str | bool]:
+        return {**self.inner.campaign_settings(), "proxy": True}
 
     def exclude(self, layouts: Iterable[ParallelLayout]) -> None:
         self.inner.exclude(layouts)
 
     def observe(self, results: Sequence[tuple[ParallelLayout, TrialResult]]) -> None:
-        """Unused: :meth:`settle` needs the records (proxy or full scale), not layouts."""
+        """Unused: :meth:`finished` needs the records (proxy or full scale), not layouts."""
 
     def tell(self, results: Sequence[tuple[ParallelLayout, Objective]]) -> None:
         """Unused: see :meth:`observe`."""

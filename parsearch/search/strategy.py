@@ -17,9 +17,10 @@ product of the searched dimensions, with nothing pruned and nothing seeded.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -64,16 +65,104 @@ class Proposal:
     proxy: ProxyPlan | None = None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and when a strategy's trials run, as the backend running them says.
+
+    ``room(nodes)``: how many more trials of ``nodes`` nodes the backend starts now (it
+    knows lost nodes and places a ``local`` backend's trials by slot; ``None``: unknown, a
+    strategy driven by hand counts its own trials' nodes). ``clock()``: the backend's time
+    in seconds, on which trials' run times are learnt (a virtual one in the node-hour
+    benchmark). The driver hands one to every strategy (:meth:`Strategy.place`), so a
+    strategy that sizes or times its trials needs nothing from the driver but this.
+    """
+
+    room: Callable[[int], int] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+
+class TrialLike(Protocol):
+    """What a strategy reads of a stored trial (a ``TrialRecord``)."""
+
+    @property
+    def layout(self) -> ParallelLayout: ...
+    @property
+    def proxy_dp(self) -> int | None: ...
+    @property
+    def state(self) -> TrialState: ...
+    @property
+    def objective(self) -> float | None: ...
+    @property
+    def metrics(self) -> dict: ...
+
+
+def told_value(record: TrialLike) -> Objective:
+    """What the optimiser is told of a stored trial: its objective, or ``"F_<state>"``."""
+    if record.state is TrialState.OK and record.objective is not None:
+        return float(record.objective)
+    return f"F_{record.state.value}"
+
+
 class Strategy(abc.ABC):
-    """Owns a campaign's ask/tell loop and its pruning predicate."""
+    """Owns a campaign's ask/tell loop and its pruning predicate.
+
+    The driver talks to every strategy through this interface alone, so a new strategy
+    needs no change to it: :meth:`start` with the store's trials when a session begins,
+    :meth:`place` with the backend's placement and clock, :meth:`ask` for trials,
+    :meth:`record_result` for what a finished trial stores, :meth:`finished` with what
+    finished. ``sized`` says whether trials may span fewer nodes than the allocation.
+    """
 
     name: ClassVar[str]
+    # Whether proposals may span fewer nodes than the allocation (``Proposal.proxy``): the
+    # driver then asks for one trial at a time while a node is free, and starts each once
+    # the backend has room for its nodes.
+    sized: ClassVar[bool] = False
 
     def __init__(self, space: SearchSpace, *, seed: int):
         self.space = space
         self.seed = seed
         self.seen: set[str] = set()
         self.optimizer: BayesianOptimizer | None = None
+        self.placement = Placement()
+
+    def place(self, placement: Placement) -> None:
+        """Where its trials run: the backend's room and clock (the driver calls this before
+        the first :meth:`ask`)."""
+        self.placement = placement
+
+    def start(self, history: Sequence[TrialLike], *, budget: int) -> None:
+        """A session begins with ``history``, the campaign's stored trials in order (none
+        for a new campaign), and ``budget`` trials in all: never propose what the store has,
+        and learn what finished, as if it had been told live."""
+        self.exclude(record.layout for record in history)
+        finished = [record for record in history if record.state.finished]
+        self.observe([(r.layout, TrialResult(r.state, r.metrics)) for r in finished])
+        self.tell([(r.layout, told_value(r)) for r in finished])
+
+    def record_result(self, record: TrialLike, result: TrialResult) -> TrialResult:
+        """What the store records of a finished trial (a proxy's full-scale figures, say):
+        the result as measured unless a strategy measures by proxy."""
+        return result
+
+    def finished(self, results: Sequence[tuple[TrialLike, TrialResult]]) -> None:
+        """Trials that finished, as recorded (:meth:`record_result`): :meth:`observe` then
+        :meth:`tell`, all at once."""
+        if not results:
+            return
+        self.observe([(record.layout, result) for record, result in results])
+        objective = self.space.objective
+        self.tell([(record.layout, result.objective(objective)) for record, result in results])
+
+    def campaign_settings(self) -> dict[str, str | bool]:
+        """What a campaign stores of this strategy so that ``resume`` rebuilds it
+        (:func:`make_strategy`'s arguments): its name, whether it measures by proxies and
+        whether it settles (a ``settle`` setting that is not ``None``)."""
+        return {
+            "strategy": self.name,
+            "proxy": False,
+            "settle": getattr(self, "settle", None) is not None,
+        }
 
     def exclude(self, layouts: Iterable[ParallelLayout]) -> None:
         """Never propose these layouts (they are in the store already, say on resume)."""
@@ -478,11 +567,13 @@ def make_strategy(
     keep_predicted_oom: bool = False,
     warm_start: WarmStart | None = None,
     settle: bool = False,
+    proxy: bool = False,
 ) -> Strategy:
     """The strategy called ``name`` for ``space``; ``keep_predicted_oom``, ``warm_start``
     (another campaign's measurements, see :func:`parsearch.query.load_warm_start`, which
     calibrate the estimate) and ``settle`` (end once no untried layout could beat the best,
-    :data:`SETTLE_SPREADS`) apply to ``default`` only."""
+    :data:`SETTLE_SPREADS`) apply to ``default`` only; ``proxy`` measures its proposals by
+    proxy trials first (:class:`~parsearch.search.proxy_phase.ProxyPhase`)."""
     if name not in STRATEGIES:
         raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
     if name != GuidedStrategy.name:
@@ -490,11 +581,17 @@ def make_strategy(
             raise StrategyError(f"--warm-start needs the default strategy, not {name!r}")
         if settle:
             raise StrategyError(f"--settle needs the default strategy, not {name!r}")
-        return STRATEGIES[name](space, seed=seed)
-    return GuidedStrategy(
-        space,
-        seed=seed,
-        keep_predicted_oom=keep_predicted_oom,
-        warm_start=warm_start,
-        settle=SETTLE_SPREADS if settle else None,
-    )
+        strategy: Strategy = STRATEGIES[name](space, seed=seed)
+    else:
+        strategy = GuidedStrategy(
+            space,
+            seed=seed,
+            keep_predicted_oom=keep_predicted_oom,
+            warm_start=warm_start,
+            settle=SETTLE_SPREADS if settle else None,
+        )
+    if not proxy:
+        return strategy
+    from parsearch.search.proxy_phase import ProxyPhase  # it wraps a Strategy: built on this
+
+    return ProxyPhase(strategy)
