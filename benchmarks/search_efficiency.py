@@ -45,7 +45,16 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from truths import MEMORY, REPLAY_DIR, TRUTHS, PublishedSweep, RandomField, Truth, TruthBackend
+from truths import (
+    MEMORY,
+    REPLAY_DIR,
+    TRUTHS,
+    MemoryWall,
+    PublishedSweep,
+    RandomField,
+    Truth,
+    TruthBackend,
+)
 
 from parsearch.campaign.api import run_campaign
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
@@ -280,6 +289,7 @@ class Outcome:
     means: tuple[float | None, ...] = ()
     mean_optimum: float = 0.0
     uncapped_mean: int | None = None  # random's trials to a good layout
+    origins: tuple[str, ...] = ()  # who proposed each trial (initial, estimate, optimizer...)
 
     @property
     def label(self) -> str:
@@ -323,6 +333,14 @@ class Outcome:
             return None
         return self.states[:needed].count(TrialState.OOM.value)
 
+    def first_hit_origin(self) -> str | None:
+        """Who proposed the trial that first reached the target (``None``: not reached
+        within the recorded trials): which source of proposals earns its share."""
+        needed = self.trials_to_target()
+        if needed is None or needed > len(self.origins):
+            return None
+        return self.origins[needed - 1]
+
     def fraction(self, state: TrialState) -> float:
         return self.states.count(state.value) / max(1, len(self.states))
 
@@ -335,9 +353,11 @@ def space_named(name: str) -> SearchSpace:
 
 def applies(truth: str, memory: str, space: str) -> bool:
     """A replay answers only its own sweep's space, with the memory it measured; the
-    simulated truths answer the production spaces."""
+    simulated truths answer the production spaces, the wall with its own memory only."""
     if truth == PublishedSweep.name:
         return space in REPLAY_SPACES and memory == "as is"
+    if truth == MemoryWall.name:
+        return space not in REPLAY_SPACES and memory == "as is"
     return space not in REPLAY_SPACES
 
 
@@ -432,6 +452,7 @@ def run_task(task: Task) -> list[Outcome]:
                 means=tuple(mean_objective(truth, t) for t in trials),
                 mean_optimum=mean_optimum,
                 uncapped_mean=uncapped_mean,
+                origins=tuple(t.origin for t in trials),
             )
         )
     return outcomes
@@ -513,8 +534,8 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
         f"| truth | memory | space | strategy | median trials to {TARGET:.0%} | worst | reached "
         f"| median node-h to {TARGET:.0%} | to a layout within 3% of the best: median / worst "
         f"(reached) | trials run | campaign node-h | OOM | OOM to {TARGET:.0%} | infeasible "
-        "| ms/trial | optimum's estimate rank |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| ms/trial | first hit from | optimum's estimate rank |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for (truth, memory, space, strategy), group in sorted(groups.items()):
         needed = [o.trials_to_target() for o in group]
@@ -543,9 +564,35 @@ def summarise(outcomes: list[Outcome], budget: int) -> str:
             f"| {f'{statistics.median(ooms):g}' if ooms else '-'} "
             f"| {statistics.fmean(o.fraction(TrialState.INFEASIBLE) for o in group):.0%} "
             f"| {1e3 * statistics.median(o.seconds_per_trial for o in group):.0f} "
+            f"| {_origins(group)} "
             f"| {', '.join(str(r) if r else 'pOOM' for r in ranks)} |"
         )
+    totals: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        totals.setdefault(outcome.label, []).append(outcome)
+    lines.append("")
+    lines += [
+        f"first hits of {label}: {_origins(group)}" for label, group in sorted(totals.items())
+    ]
     return "\n".join(lines)
+
+
+def _origins(group: Sequence[Outcome]) -> str:
+    """How many first hits each source of proposals made, with the share of all trials it
+    proposed: a source that proposes much and hits nothing is spending the budget."""
+    hits: dict[str, int] = {}
+    proposed: dict[str, int] = {}
+    for outcome in group:
+        origin = outcome.first_hit_origin()
+        if origin is not None:
+            hits[origin] = hits.get(origin, 0) + 1
+        for source in outcome.origins:
+            proposed[source] = proposed.get(source, 0) + 1
+    total = max(1, sum(proposed.values()))
+    return ", ".join(
+        f"{source} {hits.get(source, 0)} ({count / total:.0%} of trials)"
+        for source, count in sorted(proposed.items(), key=lambda item: -item[1])
+    )
 
 
 def _count(value: float, budget: int) -> str:

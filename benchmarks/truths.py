@@ -289,6 +289,55 @@ class IndependentModel(Truth):
         return states + (activations + logits) * (1 + self.FRAGMENTATION) + framework
 
 
+class MemoryWall(IndependentModel):
+    """The independent model with its memory scaled so the optimum needs 99.4% of the
+    device, while the estimate predicts that layout to fit with at least 10% to spare.
+
+    The shape an outside check found in a 22B space: the optimum's larger micro-batch
+    neighbours run out of memory, the local memory evidence they leave then rules the
+    optimum out by inference, and the campaign spends its budget below it. The scale
+    ``memory_scale`` is chosen per space: for the layouts in order of (noiseless)
+    throughput, the first whose scaled need is :data:`NEED` of the device while every
+    better layout's exceeds the device, among those the estimate gives 10% room.
+    """
+
+    name = "wall"
+    NEED = 0.994  # of the device, at the optimum
+    ROOM = 0.9  # the estimate's prediction for the optimum, at most, of the device
+
+    def __init__(self, space: SearchSpace, seed: int, mem_factor: float = 1.0):
+        if mem_factor != 1.0:
+            raise ValueError(
+                f"the wall truth sets its own memory scale: memory x{mem_factor} does not apply"
+            )
+        super().__init__(space, seed, mem_factor)
+        self.memory_scale = 1.0
+        self.memory_scale, self.optimum = _wall(self, space)
+
+    def answer(self, layout: ParallelLayout) -> Answer:
+        answer = super().answer(layout)
+        return Answer(answer.step_s, answer.peak_bytes * self.memory_scale)
+
+
+def _wall(truth: IndependentModel, space: SearchSpace) -> tuple[float, ParallelLayout]:
+    """(memory scale, the optimum it makes) for :class:`MemoryWall`."""
+    plan = space.plan()
+    limit = space.memory_limit_bytes
+    rows = []
+    for layout, prediction in plan.feasible + plan.predicted_oom:
+        answer = IndependentModel.answer(truth, layout)
+        tokens = layout.dp * layout.mbs * layout.gas / answer.step_s
+        rows.append((tokens, answer.peak_bytes, prediction.memory.total, layout))
+    rows.sort(key=lambda row: -row[0])
+    lightest_better = float("inf")  # the least memory any better layout needs
+    for _, peak, predicted, layout in rows:
+        scale = MemoryWall.NEED * limit / peak
+        if predicted <= MemoryWall.ROOM * limit and lightest_better * scale > limit:
+            return scale, layout
+        lightest_better = min(lightest_better, peak)
+    raise ValueError(f"{space.name}: no layout makes a memory wall the estimate does not see")
+
+
 class PublishedSweep(Truth):
     """Replay of a published sweep: what each layout measured, or that it ran out of memory.
 
@@ -406,6 +455,7 @@ TRUTHS: dict[str, type[Truth]] = {
     IndependentModel.name: IndependentModel,
     RandomField.name: RandomField,
     PublishedSweep.name: PublishedSweep,
+    MemoryWall.name: MemoryWall,
 }
 MEMORY = {"as is": 1.0, "heavier": 1.2, "lighter": 0.85}
 
