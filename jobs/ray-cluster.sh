@@ -32,7 +32,7 @@ cd "${SLURM_SUBMIT_DIR}" || exit 1
 # shellcheck source=jobs/chain.sh
 source jobs/chain.sh
 
-# --- Environment (EDIT, or leave it and submit with PARSEARCH_SITE=FILE: jobs/README.md) -----
+# --- Environment (EDIT, or leave it and submit with PARSEARCH_SITE=FILE: docs/guide/cluster.md)
 if [[ -z ${PARSEARCH_SITE:-} ]]; then
     # shellcheck source=/dev/null
     source /path/to/parsearch-env/bin/activate ||  # EDIT: parsearch[ray], torch
