@@ -1,5 +1,5 @@
-"""The package's import rules (README, "Layout"), read from every module's source with ``ast``:
-lazy imports inside functions count as much as those at the top."""
+"""The package's import rules (docs/reference/layout.md), read from every module's source with
+``ast``: lazy imports inside functions count as much as those at the top."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 :func:`serve_if_worker` turns ranks >= 1 into workers before the store is opened (only rank
 0 touches it); :func:`create` makes rank 0's backend. How nodes, trials, lost nodes, exit and
-hydra's signals are handled, and the ``--backend-opt`` options: README, "The mpi backend".
+hydra's signals are handled, and the ``--backend-opt`` options: docs/guide/cluster.md, "The mpi
+backend in detail".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The trainer-kind interface: what the space, the backends and the node agent need from a
-kind of trainer, so that none of them knows the kinds (README, "Bringing your own trainer")."""
+kind of trainer, so that none of them knows the kinds (docs/guide/trainers.md, "Bringing your
+own trainer")."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ tensor, pipeline and data parallelism, to measure how fast a layout really is.
 
 ``python -m parsearch.trainers.builtin --spec trial.json [--out result.json]`` is one rank;
 :func:`run_trial` runs a whole trial on this machine through the node agent. The model, how
-each parallelism is applied, the numerics and what a trial reports: README, "The built-in
-trainer".
+each parallelism is applied, the numerics and what a trial reports: docs/guide/trainers.md,
+"The built-in trainer".
 """
 
 from __future__ import annotations

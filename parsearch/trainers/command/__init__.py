@@ -1,2 +1,3 @@
 """The command trainer: a user's training program started from a template filled with the
-trial's layout, its metrics parsed from the log (see README, "Your own trainer")."""
+trial's layout, its metrics parsed from the log (see docs/guide/trainers.md, "Bringing your own
+trainer")."""
