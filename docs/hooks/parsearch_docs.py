@@ -66,7 +66,7 @@ def _argument(action: argparse.Action, parser: argparse.ArgumentParser) -> tuple
         )
     help_text = formatter._expand_help(action) if action.help else ""
     details = []
-    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+    if action.choices is not None and "{" not in spelled:  # a metavar hides the choices
         details.append("one of " + ", ".join(f"`{choice}`" for choice in action.choices))
     if action.required and action.option_strings:
         details.append("required")
