@@ -43,6 +43,25 @@ def survivors(marker: Path, zombies: bool = False) -> list[int]:
     return found
 
 
+def marked(var: str, value: str, exclude: int) -> list[int]:
+    """Live processes but ``exclude`` whose environment has ``var=value``: a marker given to
+    a driver reaches everything it starts (its fork server and that server's ranks share the
+    server's environment block; spawned ranks get the driver's), whatever their command
+    line, session or parent, forks an instant old included."""
+    needle = f"{var}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (exclude, os.getpid()):
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        if needle in environ.split(b"\0") and _state(entry) not in (None, "Z"):
+            found.append(int(entry.name))
+    return found
+
+
 def orphaned_segments(since: float) -> list[str]:
     """mpich segments in /dev/shm modified since ``since`` that no process maps. mpich
     makes them readable by their owner only, whose processes' mappings this user reads; a

@@ -11,12 +11,16 @@ command started by the agent: its own session (the agent kills its process group
 and stderr to its log file, the agent's environment, the trial directory as working
 directory.
 
-Lifetime: the server reads requests on its stdin, whose only writer is the agent's process;
-when that process ends (even by SIGKILL) the server sees end-of-file within its 50 ms poll
-and exits at once (``os._exit``, no interpreter clean-up), and every
-rank it forked is SIGKILLed by the kernel (``PR_SET_PDEATHSIG``, which the single-threaded
-server can safely be the parent for), so a worker that dies takes its trial's ranks with
-it. The server reaps its ranks and reports each exit code.
+Lifetime: the server is supervised from its first instruction. Before it imports anything
+heavy (torch takes seconds) it asks the kernel for SIGKILL when the agent's process ends
+(``PR_SET_PDEATHSIG``), then checks that its parent is still that process (it may have died
+before the request took effect); the thread that starts the server is the one that reads its
+replies, which lives as long as the server (the kernel sends the signal when the thread that
+forked the server ends, not the process). Every rank it forks asks the same of the server, so
+a driver or worker killed at any moment, start-up included, takes the server and its ranks
+with it. The agent's end of the server's stdin closing also ends the server at once
+(``os._exit``, no interpreter clean-up: 9-11 s with torch loaded), as does a reply it can no
+longer write. The server reaps its ranks and reports each exit code.
 
 Protocol (one JSON object per line): the server announces ``{"ready"}`` (false if CUDA got
 initialised while importing: the agent then starts ranks as new programs); request
@@ -39,6 +43,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import ClassVar
 
@@ -46,6 +51,17 @@ from parsearch.launch.plan import WarmStart
 
 PR_SET_PDEATHSIG = 1
 KILLED_WITH_SERVER = -int(signal.SIGKILL)
+# The server's program, run with ``python -c``: its first instructions, before the import of
+# parsearch and of the preloaded modules, make it die with the agent's process (argv[1]). A
+# module would import parsearch's package first; ctypes and os are all this needs.
+BOOTSTRAP = (
+    "import ctypes, os, sys\n"
+    f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"  # the agent died before the request took effect
+    f"    os._exit({128 + int(signal.SIGKILL)})\n"
+    "from parsearch.launch.prefork import serve\n"
+    "serve(sys.argv[2:])\n"
+)
 
 
 def available(preload: tuple[str, ...]) -> bool:
@@ -73,31 +89,20 @@ class ForkServer:
             return server
 
     def __init__(self, preload: tuple[str, ...]) -> None:
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        # torch.cuda.is_available() through NVML, without creating a CUDA context.
-        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        self._process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from parsearch.launch.prefork import serve; serve(sys.argv[1:])",
-                *preload,
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-            start_new_session=True,
-        )
         self._changed = threading.Condition()
         self._pids: dict[int, int] = {}
         self._exits: dict[int, int] = {}
         self._next_id = 0
         self._usable: bool | None = None
         self.dead = False
-        threading.Thread(target=self._read, name="parsearch-fork-server", daemon=True).start()
+        started: Future[subprocess.Popen[str]] = Future()
+        threading.Thread(
+            target=self._start_and_read,
+            args=(preload, started),
+            name="parsearch-fork-server",
+            daemon=True,
+        ).start()
+        self._process = started.result()  # or the OSError that Popen raised
 
     def ready(self) -> bool:
         """Wait until the server has imported the trainer; whether it can fork ranks."""
@@ -139,8 +144,36 @@ class ForkServer:
                 self._changed.wait()
             return self._exits.pop(pid, KILLED_WITH_SERVER)
 
-    def _read(self) -> None:
-        for line in self._process.stdout:
+    def _start_and_read(
+        self, preload: tuple[str, ...], started: Future[subprocess.Popen[str]]
+    ) -> None:
+        """Start the server, then read its replies until it is gone.
+
+        In this thread, which outlives the server: the kernel sends the server its
+        parent-death signal when the thread that forked it ends, not the process, and an
+        agent's caller may be a short-lived thread."""
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        # torch.cuda.is_available() through NVML, without creating a CUDA context.
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", BOOTSTRAP, str(os.getpid()), *preload],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+                start_new_session=True,
+            )
+        except OSError as error:
+            started.set_exception(error)
+            return
+        started.set_result(process)
+        self._read(process)
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        for line in process.stdout:
             message = json.loads(line)
             with self._changed:
                 if "ready" in message:
@@ -150,7 +183,7 @@ class ForkServer:
                 else:
                     self._pids[message["id"]] = message["pid"]
                 self._changed.notify_all()
-        self._process.wait()
+        process.wait()
         with self._changed:  # the server is gone, and its ranks with it
             self.dead = True
             self._changed.notify_all()
@@ -196,8 +229,19 @@ def serve(preload: list[str]) -> None:
 
     The scheduler's warning before the time limit (SIGUSR1) is for the driver alone, but
     ``srun`` delivers it to every process of the step: the server and the ranks it forks
-    ignore it (first, before the imports that take seconds), so a drain lets them finish."""
+    ignore it (first, before the imports that take seconds), so a drain lets them finish.
+
+    A reply that cannot be written (the agent's end of the pipe is gone) ends the server as
+    end-of-file does, at once and silently: its stderr is the agent's log, where a
+    BrokenPipeError traceback would only stand for an agent that ended."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        _serve(preload)
+    except BrokenPipeError:
+        os._exit(0)
+
+
+def _serve(preload: list[str]) -> None:
     for module in preload:
         importlib.import_module(module)
     torch = sys.modules.get("torch")  # imported by a preloaded module, or not at all
