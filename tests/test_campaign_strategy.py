@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import raw_layout
 from parsearch.search.strategy import (
     SETTLE_SPREADS,
@@ -197,3 +198,75 @@ def test_settle_keeps_looking_where_the_estimate_was_never_checked(space_175b):
 def test_settle_needs_the_default_strategy(tiny):
     with pytest.raises(StrategyError, match="--settle needs the default strategy"):
         make_strategy("random", tiny, seed=0, settle=True)
+
+
+@pytest.fixture(scope="module")
+def space_22b():
+    return load_space(SPACES / "gpt-22b-frontier.yaml")
+
+
+def test_a_layout_pruned_by_inference_alone_is_tried_for_its_expected_gain(space_22b):
+    """A measured peak 10% above the estimate prunes the layouts near the wall; they may
+    still fit (the calibration extrapolates from one layout). Once every layout still
+    allowed is predicted below the best measured objective (the others are tried), the
+    pruned layouts predicted above it are the only ones expected to gain anything: the
+    next trial is one of them, not a layout predicted below the best."""
+    strategy = GuidedStrategy(space_22b, seed=0, n_seeds=1)
+    try:
+        measured = strategy.candidates.ranked[80]
+        strategy.exclude([measured.layout])
+        peak = 1.1 * measured.prediction.memory.total
+        ok = TrialResult(status=TrialState.OK, metrics={"peak_mem_bytes": peak})
+        strategy.observe([(measured.layout, ok)])
+        best = measured.prediction.tokens_per_s
+        strategy.tell([(measured.layout, best)])
+        scores, fits = strategy.scores(), strategy.estimate.fits()
+        index = strategy.estimate.index
+        strategy.exclude(
+            c.layout
+            for c in strategy.candidates.ranked
+            if fits[index[c.key]] and scores[index[c.key]] > best
+        )
+        first = next(c for c in strategy.candidates.ranked if c.key not in strategy.seen)
+        i = index[first.key]
+        assert not fits[i], "pruned by the calibrated memory"
+        assert space_22b.fits(first.prediction), "the estimate says it fits"
+        assert scores[i] > best
+        assert strategy.allows(first.layout)
+        assert strategy.ask(1)[0].layout == first.layout
+        # Its own out-of-memory trial is a measurement: it is out for good.
+        strategy.tell([(first.layout, "F_oom")])
+        assert strategy.estimate.fit_probability()[i] == 0.0
+        assert not strategy.allows(first.layout)
+    finally:
+        strategy.close()
+
+
+def _first_wave_ooms(space, heavier):
+    """Out-of-memory trials of the first wave, one trial at a time, on a machine whose
+    memory is ``heavier`` times the estimate's."""
+    strategy = GuidedStrategy(space, seed=0)
+    limit, ooms = space.memory_limit_bytes, 0
+    try:
+        for _ in range(strategy.n_seeds):
+            (proposal,) = strategy.ask(1)
+            assert proposal.origin == "initial"
+            prediction = proposal.prediction
+            peak = heavier * prediction.memory.total
+            if peak > limit:
+                ooms += 1
+                strategy.tell([(proposal.layout, "F_oom")])
+            else:
+                metrics = {"peak_mem_bytes": peak}
+                strategy.observe([(proposal.layout, TrialResult(TrialState.OK, metrics))])
+                strategy.tell([(proposal.layout, prediction.tokens_per_s)])
+    finally:
+        strategy.close()
+    return ooms
+
+
+def test_the_first_wave_learns_from_its_out_of_memory_trials(space_22b):
+    """After the first seed runs out of memory, before any peak is measured, the next
+    seeds are the layouts worth most times their chance of fitting, not each (tp, pp)
+    pair's best at a wall just shown to be lower."""
+    assert _first_wave_ooms(space_22b, 1.25) <= 1

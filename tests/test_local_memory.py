@@ -108,3 +108,25 @@ def test_a_twin_in_another_dimension_with_the_same_predicted_memory_counts_too()
     assert not local.fits(pessimistic, limit, 0.0)[twin]
     local.add_peak(measured, float(predicted[measured]))
     assert local.fits(pessimistic, limit, 0.0)[twin]
+
+
+def test_fit_probability_weighs_inference_and_trusts_measurements(space):
+    """An out-of-memory trial makes every layout needing as much impossible and those a
+    little below it unlikely, not impossible; a twin's measurement decides."""
+    estimate = estimate_of(space)
+    first, twin = twins(estimate)
+    local = estimate.local
+    predicted = estimate.predicted_mem
+    limit = 64 * GIB
+    heavier = np.flatnonzero(predicted > predicted[first])
+    slightly = np.flatnonzero(
+        (predicted < predicted[first]) & (predicted > 0.97 * predicted[first])
+    )
+    far = np.flatnonzero(predicted < 0.5 * predicted[first])
+    before = local.fit_probability(predicted, limit, 0.05)
+    estimate.out_of_memory(estimate.items[first].layout)
+    after = local.fit_probability(predicted, limit, 0.05)
+    assert after[twin] == 0.0 and after[heavier].max() == 0.0
+    assert 0.0 < after[slightly].min() and after[slightly].max() < 0.7
+    assert (after[slightly] < before[slightly]).all()
+    assert after[far].min() > 0.99

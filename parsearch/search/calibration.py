@@ -33,7 +33,7 @@ from parsearch.config import ParallelLayout
 from parsearch.estimate import Prediction
 from parsearch.estimate.timing import gemm_efficiency
 from parsearch.search.candidates import Candidate
-from parsearch.search.local_memory import MAX_MARGIN, LocalMemory
+from parsearch.search.local_memory import MAX_MARGIN, MIN_SPREAD, PRIOR_SPREAD, LocalMemory
 from parsearch.space import SearchSpace
 
 STEP_PARTS: tuple[str, ...] = ("compute", "small_gemm", "tp_comm", "p2p", "dp_comm")
@@ -354,6 +354,18 @@ class CalibratedEstimate:
         # The global fit's margin counts transferred measurements (a warm start) too.
         margin = self.memory.fit.margin if margin is None else min(margin, self.memory.fit.margin)
         return self.local.fits(peak, self.memory.limit_bytes, margin)
+
+    def fit_probability(self) -> np.ndarray:
+        """How likely each item is to fit (:meth:`LocalMemory.fit_probability`): the
+        calibrated peak's error is the margin's sigma (a margin is 2.5 of them), at least
+        :data:`~parsearch.search.local_memory.MIN_SPREAD`; before any peak is measured,
+        the estimate's own :data:`~parsearch.search.local_memory.PRIOR_SPREAD`."""
+        peak, margin = self.local.calibrated(self.memory.peak(self.predicted_mem))
+        if margin is None:
+            spread = PRIOR_SPREAD
+        else:
+            spread = max(min(margin, self.memory.fit.margin) / 2.5, MIN_SPREAD)
+        return self.local.fit_probability(peak, self.memory.limit_bytes, spread)
 
     def in_time(self) -> np.ndarray:
         """Which items' calibrated steps finish within the trial timeout."""

@@ -31,10 +31,16 @@ A trial that ran is evidence for its twins whether or not its trainer reported a
 
 The margin is the local model's own leave-one-out spread, and never more than
 :data:`MAX_MARGIN` of the device: a wide margin prunes exactly the layouts near the wall.
+
+What the margin prunes is a verdict of inference, not of a measurement: a layout whose
+neighbours ran out of memory may still fit (the optimum often sits just under the wall
+they hit). :meth:`LocalMemory.fit_probability` says how likely each layout is to fit
+instead, so that a strategy can weigh a pruned layout's chance against what it could gain.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +49,12 @@ from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
 from parsearch.search.residual import kernel
 
 MAX_MARGIN = 0.08
+# The relative error of the estimate's memory before any peak is measured (one sigma, in
+# logs): out-of-memory trials alone then say how far the machine is above it.
+PRIOR_SPREAD = 0.1
+# The least relative error of a calibrated peak (one sigma): a fit that agrees with its
+# measurements to 0.1% still extrapolates to layouts of another shape.
+MIN_SPREAD = 0.015
 
 
 class LocalMemory:
@@ -137,6 +149,34 @@ class LocalMemory:
         known_fit, known_oom = self._twins()
         return (fits | known_fit) & ~known_oom
 
+    def fit_probability(self, peak: np.ndarray, limit: float, spread: float) -> np.ndarray:
+        """How likely each item is to fit, given its calibrated ``peak`` with a relative
+        error of ``spread`` (one sigma, in logs), the out-of-memory trials and the twins.
+
+        The error is taken as shared by every layout (what the calibration has not learnt
+        is mostly a scale): an out-of-memory trial then says it exceeds that layout's
+        headroom ``log(limit / peak)``, and a layout with more headroom fits with the
+        probability that the error lies between the two (none for one with less). A twin
+        that ran or ran out of memory decides (probability 1 or 0), as in :meth:`fits`.
+        """
+        headroom = np.log(limit / np.asarray(peak, dtype=float))
+        probability = _normal_cdf(headroom / spread)
+        if self._ooms:
+            ooms = np.fromiter(self._ooms, dtype=int)
+            bound = float(headroom[ooms].max())  # the failed layout that needed least
+            below = _normal_cdf(np.array([bound / spread]))[0]
+            truncated = (probability - below) / max(1.0 - below, 1e-12)
+            probability = np.where(headroom > bound, truncated, 0.0)
+        known_fit, known_oom = self._twins()
+        probability[known_fit] = 1.0
+        probability[known_oom] = 0.0
+        return np.clip(probability, 0.0, 1.0)
+
+    @property
+    def measured_oom(self) -> bool:
+        """Whether any trial ran out of memory."""
+        return bool(self._ooms)
+
     def _twins(self) -> tuple[np.ndarray, np.ndarray]:
         """Items a twin that ran proves to fit, and items an out-of-memory twin rules out."""
         size = self.family.max() + 1
@@ -152,6 +192,10 @@ class LocalMemory:
         known_fit = (self.predicted <= fitted[self.family] + tolerance) | self._proven
         known_oom = (self.predicted >= failed[self.family] - tolerance) | self._refuted
         return known_fit & ~known_oom, known_oom
+
+
+def _normal_cdf(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in np.ravel(z)]))
 
 
 def _fields(layout: ParallelLayout) -> tuple:

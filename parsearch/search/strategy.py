@@ -40,6 +40,9 @@ DEFAULT_CBO = CBOSettings()
 # ``--settle``: a campaign ends once no untried layout's calibrated objective, at this many
 # posterior spreads of the residual field above its mean, beats the best measured.
 SETTLE_SPREADS = 2.0
+# A layout pruned by inference alone is tried for its expected gain only while it fits
+# with at least this probability: below it, its out-of-memory trial is the likely outcome.
+RESCUE_PROBABILITY = 0.1
 
 
 class StrategyError(ParsearchError):
@@ -230,12 +233,18 @@ class GuidedStrategy(Strategy):
     pessimistic, and layouts near the wall drop out once they show it too optimistic; a
     layout whose twin (the same but for gradient accumulation, the same predicted memory)
     fitted is never pruned by the global fit
-    (:class:`~parsearch.search.local_memory.LocalMemory`). In order, it proposes:
+    (:class:`~parsearch.search.local_memory.LocalMemory`). What the calibration prunes is
+    inference, not a verdict: a layout the estimate expects to fit that the calibrated
+    memory prunes, and no measurement of it or its twins rules out, is tried once its
+    expected gain (probability of fitting times its score's gain over the best measured)
+    beats that of the allowed layouts (:meth:`_with_rescues`). In order, it proposes:
 
     1. ``initial``: while fewer than ``n_seeds`` layouts have been tried, the best ranked
        layout of a (tp, pp) pair not tried yet (:func:`diverse_top`, re-ranked as results
        come in): the first measurements then differ in what the estimate is least sure of,
-       which is what the step-time calibration needs to tell its parts apart;
+       which is what the step-time calibration needs to tell its parts apart; once one
+       of them ran out of memory, each pair's layout worth most times its probability of
+       fitting (:meth:`_by_expected_objective`);
     2. then, of every ``optimizer_every`` proposals, one is DeepHyper's (``optimizer``: the
        best of its acquisition among the ``region`` best-ranked untried layouts, every one
        expected to fit with ``region=None``, with a surrogate that learns from failures as
@@ -279,6 +288,9 @@ class GuidedStrategy(Strategy):
         items = [Candidate(layout, prediction) for layout, prediction in plan.feasible]
         items += [Candidate(layout, prediction) for layout, prediction in plan.predicted_oom]
         self.estimate = CalibratedEstimate(space, items)
+        # Which items the uncalibrated estimate expects to fit: only these are ever tried
+        # against the calibrated memory's verdict (see _with_rescues).
+        self._estimate_fits = np.arange(len(items)) < len(plan.feasible)
         if warm_start is not None:
             warm_start.apply(self.estimate)
         self._keys = [c.key for c in items]
@@ -312,19 +324,63 @@ class GuidedStrategy(Strategy):
     def _ranking(self) -> np.ndarray:
         """Indices of the allowed items: those expected to finish within the trial timeout
         first, each group by calibrated objective (with ``keep_predicted_oom``, those
-        expected to fit in memory before the others); while settling, only those that
-        could still beat the best (:meth:`_hopeful`)."""
+        expected to fit in memory before the others), with the layouts pruned only by
+        inference merged in by expected gain (:meth:`_with_rescues`); while settling, only
+        those that could still beat the best (:meth:`_hopeful`)."""
         fits = self.estimate.fits()
+        in_time = self.estimate.in_time()
         expected = self._expected()
-        key = (-self._scores(*expected), ~self.estimate.in_time())
+        scores = self._scores(*expected)
+        key = (-scores, ~in_time)
         if self.keep_predicted_oom:
             order = np.lexsort((*key, ~fits))
         else:
             allowed = np.flatnonzero(fits)
             order = allowed[np.lexsort(tuple(column[allowed] for column in key))]
+            order = self._with_rescues(order, fits, in_time, scores)
         if self._settling():
             order = order[self._hopeful(*expected)[order]]
         return order
+
+    def _rescuable(self, fits: np.ndarray, probability: np.ndarray) -> np.ndarray:
+        """Items pruned by inference alone: the estimate says they fit, the calibration
+        and the local evidence say they may not, and no measurement of them or of a twin
+        says they do not (``probability`` is then at least :data:`RESCUE_PROBABILITY`)."""
+        return self._estimate_fits & ~fits & (probability >= RESCUE_PROBABILITY)
+
+    def _with_rescues(
+        self, order: np.ndarray, fits: np.ndarray, in_time: np.ndarray, scores: np.ndarray
+    ) -> np.ndarray:
+        """``order`` with the untried layouts pruned only by inference merged in, each
+        before the first untried allowed one whose expected gain it beats.
+
+        The expected gain of a layout is its probability of fitting
+        (:meth:`~parsearch.search.calibration.CalibratedEstimate.fit_probability`) times
+        how far its score is above the best measured objective. A layout predicted above
+        the best, pruned because the wall its neighbours hit might be lower than it needs,
+        is then measured before the budget goes to layouts predicted below the best (which
+        gain nothing), and not while an allowed layout is expected to gain as much.
+        """
+        best = self.plateau.best
+        if best <= 0:
+            return order
+        probability = self.estimate.fit_probability()
+        unseen = np.fromiter((key not in self.seen for key in self._keys), dtype=bool)
+        gain = probability * np.maximum(scores / best - 1.0, 0.0)
+        candidates = np.flatnonzero(self._rescuable(fits, probability) & unseen & in_time)
+        candidates = candidates[gain[candidates] > 0]
+        if not len(candidates):
+            return order
+        rescues = candidates[np.argsort(-gain[candidates], kind="stable")]
+        merged: list[int] = []
+        taken = 0
+        for item in order:
+            while taken < len(rescues) and unseen[item] and gain[rescues[taken]] > gain[item]:
+                merged.append(int(rescues[taken]))
+                taken += 1
+            merged.append(int(item))
+        merged += [int(item) for item in rescues[taken:]]
+        return np.array(merged, dtype=int)
 
     def _expected(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """The calibrated objective of every item, and the residual field's posterior mean
@@ -390,6 +446,8 @@ class GuidedStrategy(Strategy):
             if key in self.seen
         }
         fresh = [c for c in ranked if (c.layout.tp, c.layout.pp) not in tried]
+        if initial and self.estimate.local.measured_oom:
+            fresh = self._by_expected_objective(fresh)
         taken: set[str] = set()
         for candidate in diverse_top(fresh or ranked, initial) if initial else []:
             taken.add(candidate.key)
@@ -425,6 +483,16 @@ class GuidedStrategy(Strategy):
             proposed += 1
             yield Proposal(candidate.layout, origin, candidate.prediction)
 
+    def _by_expected_objective(self, candidates: list[Candidate]) -> list[Candidate]:
+        """``candidates`` by score times probability of fitting, best first: once trials of
+        the first wave ran out of memory, the rest of it is chosen from the corrected
+        memory (a pair's best layout at the wall it just learnt of is likely out of memory
+        too; one a little below it is worth more)."""
+        probability = self.estimate.fit_probability()
+        worth = self.scores() * probability
+        index = self.estimate.index
+        return sorted(candidates, key=lambda c: -worth[index[c.key]])
+
     def ask(self, n: int) -> list[Proposal]:
         proposals = super().ask(n)
         self._pending.update(p.layout.key() for p in proposals)
@@ -458,7 +526,12 @@ class GuidedStrategy(Strategy):
 
     def allows(self, layout: ParallelLayout) -> bool:
         i = self.estimate.index.get(layout.key())
-        return i is not None and (self.keep_predicted_oom or bool(self.estimate.fits()[i]))
+        if i is None:
+            return False
+        if self.keep_predicted_oom:
+            return True
+        fits = self.estimate.fits()
+        return bool(fits[i] or self._rescuable(fits, self.estimate.fit_probability())[i])
 
 
 @dataclass(frozen=True)
