@@ -24,6 +24,15 @@ Settings, each measured with ``benchmarks/driver_overhead.py``:
   out-of-memory trial is information here, not a reason to stop.
 * ``checkpoint_history_to_csv=False`` and a private temporary ``log_dir``: the store is the
   record; nothing is written to the working directory.
+* ``frame``: a strategy that has a better prior than a flat one hands DeepHyper its
+  estimate (:class:`~parsearch.search.residual.EstimateFrame`), and DeepHyper's surrogate
+  is :class:`~parsearch.search.surrogate.EstimateSurrogate`: the calibrated estimate plus
+  a Gaussian process on what it gets wrong. DeepHyper then learns that
+  residual from every result it is told, and its acquisition scores its proposals in the
+  estimate's frame. Told objectives are then not rescaled (``objective_scaler``
+  ``identity``: the surrogate needs them as told), nor clipped as outliers, and failures
+  are left out of the fit (``filter_failures="ignore"``: an out-of-memory layout says
+  nothing about throughput; the strategy prunes by memory itself).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from parsearch.search.residual import EstimateFrame
 from parsearch.tempdirs import owned_tempdir
 
 Objective = float | str
@@ -76,6 +86,7 @@ class BayesianOptimizer:
         settings: CBOSettings | None = None,
         allowed: Sequence[Point] | None = None,
         n_initial_points: int | None = None,
+        frame: EstimateFrame | None = None,
     ):
         self._settings = settings or CBOSettings()
         self.names = tuple(dimensions)
@@ -94,6 +105,7 @@ class BayesianOptimizer:
         self._told: list[tuple[Point, Objective]] = []
         self._log_dir: Path | None = None
         self._search: Any = None
+        self._frame = frame
 
     def _cbo(self) -> Any:
         """DeepHyper's search, built at the first :meth:`ask`: importing DeepHyper takes
@@ -113,19 +125,45 @@ class BayesianOptimizer:
             problem.set_sampling_fn(self._sampler)
             n_points = min(n_points, len(self._sampler.table))
         self._log_dir = owned_tempdir("cbo")  # removed by a later run if this one is killed
+        acq_optimizer_kwargs: dict[str, Any] = {"n_points": n_points, "max_total_failures": -1}
+        surrogate: Any = self._settings.surrogate_model
+        extra: dict[str, Any] = {}
+        if self._frame is not None:
+            from parsearch.search.surrogate import EstimateSurrogate
+
+            surrogate = EstimateSurrogate(self._frame)
+            self._frame.items_of = self._items_of
+            acq_optimizer_kwargs |= {"filter_failures": "ignore", "outliers_iqr_factor": np.inf}
+            extra["objective_scaler"] = "identity"
         self._search = CBO(
             problem,
             random_state=self._seed,
             log_dir=str(self._log_dir),
             checkpoint_history_to_csv=False,
-            surrogate_model=self._settings.surrogate_model,
+            surrogate_model=surrogate,
             acq_optimizer=self._settings.acq_optimizer,
-            acq_optimizer_kwargs={"n_points": n_points, "max_total_failures": -1},
+            acq_optimizer_kwargs=acq_optimizer_kwargs,
             acq_func_kwargs={"kappa": self._settings.kappa},
             multi_point_strategy=self._settings.multi_point_strategy,
             n_initial_points=self._n_initial_points,
+            **extra,
         )
         return self._search
+
+    def _items_of(self, rows: np.ndarray) -> np.ndarray:
+        """Which item each row of DeepHyper's transformed space is (``-1``: none). One row
+        at a time: DeepHyper 0.13.2's ``Space.inverse_transform`` of several rows returns
+        only the first when its dimensions are categorical with the identity transform
+        (what it uses with a regressor of one's own)."""
+        assert self._frame is not None
+        space = self._search._opt_space
+        names = space.dimension_names
+        items = []
+        for row in np.atleast_2d(rows):
+            (values,) = space.inverse_transform(row[None, :])
+            item = self._frame.item_of(self._decode(dict(zip(names, values, strict=True))))
+            items.append(-1 if item is None else item)
+        return np.array(items, dtype=int)
 
     def ask(self, n: int) -> list[Point]:
         """``n`` points (DeepHyper may repeat itself; the strategy dedupes)."""

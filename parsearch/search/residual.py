@@ -4,21 +4,32 @@ The step-time calibration re-weights the estimate's parts, so it can only correc
 the estimate's *form* can express. A machine whose throughput departs from that form
 (a GEMM shape that runs slow, a topology the estimate does not model) leaves a residual,
 ``log(measured / calibrated)``, that varies from layout to layout. :class:`ResidualField`
-learns it with a Gaussian process over the layout's dimensions (log2 steps of tp, pp, dp,
-mbs, gas and vpp; ZeRO stage, recompute and sequence parallelism as categories), zero mean:
-the calibrated estimate is the prior mean of the search, not a cage. Its posterior mean
-re-ranks the untried layouts near measured ones; its posterior spread says where nothing
-is known, which :class:`Plateau` turns into exploration once the search stops improving.
+learns it with scikit-learn's Gaussian process (the one DeepHyper's own GP surrogate is
+built on) over the layout's dimensions (log2 steps of tp, pp, dp, mbs, gas and vpp; ZeRO
+stage, recompute and sequence parallelism as categories), zero mean: the calibrated
+estimate is the prior mean of the search, not a cage. Its posterior mean re-ranks the
+untried layouts near measured ones; its posterior spread says where nothing is known,
+which :class:`Plateau` turns into exploration once the search stops improving.
+
+:class:`~parsearch.search.surrogate.EstimateSurrogate` makes the same model DeepHyper's
+surrogate: CBO is told the log objective of every trial, and its surrogate predicts the
+log calibrated estimate plus the field's posterior, so that DeepHyper's acquisition
+scores its proposals in the estimate's frame and what it learns is what the estimate gets
+wrong.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+
+if TYPE_CHECKING:
+    from sklearn.gaussian_process import GaussianProcessRegressor
 
 CATEGORY_DISTANCE = 2.0
 
@@ -29,7 +40,9 @@ class ResidualField:
     ``amplitude`` is the prior spread of the residual (0.2: the estimate is trusted to about
     20% before any trial), ``length`` the correlation length in log2 steps, ``noise`` the
     trials' own relative noise, ``category_distance`` how far apart (in lengths) two layouts
-    that differ in one category are.
+    that differ in one category are. The hyperparameters are fixed, not fitted: a dozen
+    measurements cannot tell a length from a noise, and the benchmark chose these
+    (``benchmarks/search_efficiency.py``, variants ``residual-*``).
     """
 
     def __init__(
@@ -41,43 +54,41 @@ class ResidualField:
         noise: float = 0.05,
         category_distance: float = CATEGORY_DISTANCE,
     ):
-        self.features = np.array([features(layout) for layout in layouts])
-        self.features[:, :NUMERIC] /= length
+        features_ = np.array([features(layout) for layout in layouts])
+        features_[:, :NUMERIC] /= length
         self.category_distance = category_distance
-        self.amplitude, self.noise = amplitude, noise
+        self.amplitude, self.noise, self.length = amplitude, noise, length
         self._items: list[int] = []
         self._objectives: list[float] = []
-        # Kept up to date one measurement at a time, so a posterior costs O(items x
-        # measurements), not O(items x measurements²): the Cholesky factor of the
-        # measurements' covariance, L⁻¹ times their covariance with every item, and the
-        # posterior variance of every item.
-        self._factor = np.zeros((0, 0))
-        self._rows = np.zeros((0, len(layouts)))  # the first len(_items) rows are used
-        self._variance = np.full(len(layouts), amplitude**2)
+        self.features = features_
+
+    @property
+    def features(self) -> np.ndarray:
+        """Each layout's coordinates: numeric columns in lengths, then category codes."""
+        return self._features
+
+    @features.setter
+    def features(self, value: np.ndarray) -> None:
+        self._features = np.asarray(value, dtype=float)
+        self._inputs = gp_inputs(self._features, self.category_distance)
+        self._fitted: tuple[int, GaussianProcessRegressor] | None = None
+        self._cross: np.ndarray | None = None
+        self._spread: np.ndarray | None = None
+
+    def empty(self) -> ResidualField:
+        """A field over the same layouts and coordinates with no measurement."""
+        field = object.__new__(ResidualField)
+        field.category_distance = self.category_distance
+        field.amplitude, field.noise, field.length = self.amplitude, self.noise, self.length
+        field._items, field._objectives = [], []
+        field._features, field._inputs = self._features, self._inputs
+        field._fitted = field._cross = field._spread = None
+        return field
 
     def add(self, item: int, objective: float) -> None:
         """Item ``item`` measured ``objective`` (a repeat measurement is ignored)."""
         if objective <= 0 or item in self._items:
             return
-        prior = self.amplitude**2
-        covariance = (
-            prior * kernel(self.features[item : item + 1], self.features, self.category_distance)[0]
-        )
-        row = self._projection[:, item]  # L⁻¹ k(measured, item)
-        pivot = np.sqrt(max(prior + self.noise**2 - row @ row, 1e-12))
-        size = len(self._items)
-        factor = np.zeros((size + 1, size + 1))
-        factor[:size, :size] = self._factor
-        factor[size, :size] = row
-        factor[size, size] = pivot
-        new = (covariance - row @ self._projection) / pivot
-        self._factor = factor
-        if size == len(self._rows):  # grow the buffer by doubling, not a copy per trial
-            rows = np.zeros((max(16, 2 * size), len(new)))
-            rows[:size] = self._rows
-            self._rows = rows
-        self._rows[size] = new
-        self._variance = np.maximum(self._variance - new * new, 1e-12)
         self._items.append(item)
         self._objectives.append(float(objective))
 
@@ -85,24 +96,84 @@ class ResidualField:
     def measurements(self) -> int:
         return len(self._items)
 
-    @property
-    def _projection(self) -> np.ndarray:
-        return self._rows[: len(self._items)]
-
-    def posterior(self, calibrated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of the log residual of every item, given the
-        calibrated objectives of every item now."""
+    def posterior(
+        self, calibrated: np.ndarray, at: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the log residual of every item (or of the items
+        ``at``), given the calibrated objectives of every item now."""
+        inputs = self._inputs if at is None else self._inputs[at]
         if not self._items:
-            return np.zeros(len(self.features)), np.sqrt(self._variance)
+            return np.zeros(len(inputs)), np.full(len(inputs), self.amplitude)
+        from scipy.linalg import cho_solve
+
         residual = np.log(np.array(self._objectives) / calibrated[self._items])
-        whitened = _forward(self._factor, residual)
-        return whitened @ self._projection, np.sqrt(self._variance)
+        model = self._model()
+        weights = cho_solve((model.L_, True), residual)
+        if at is None:  # every item, after every trial: the cross-covariance is kept
+            if self._cross is None:
+                self._cross = model.kernel_(inputs, model.X_train_)
+                self._spread = model.predict(inputs, return_std=True)[1]
+            return self._cross @ weights, np.maximum(self._spread, 1e-6)
+        cross = model.kernel_(inputs, model.X_train_)
+        spread = model.predict(inputs, return_std=True)[1]
+        return cross @ weights, np.maximum(spread, 1e-6)
+
+    def _model(self) -> GaussianProcessRegressor:
+        """The process conditioned on the measured layouts (its factor depends on where
+        they are, not on what they measured: the residuals change with the calibration)."""
+        if self._fitted is None or self._fitted[0] != len(self._items):
+            from sklearn.gaussian_process import GaussianProcessRegressor
+            from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+            kernel = ConstantKernel(self.amplitude**2, "fixed") * RBF(1.0, "fixed")
+            model = GaussianProcessRegressor(kernel, alpha=self.noise**2, optimizer=None)
+            model.fit(self._inputs[self._items], np.zeros(len(self._items)))
+            self._fitted = (len(self._items), model)
+            self._cross = self._spread = None
+        return self._fitted[1]
 
 
-def _forward(lower: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``lower⁻¹ b`` for a lower-triangular ``lower`` (LAPACK: a Python loop of forward
-    substitution cost more at a few hundred measurements)."""
-    return np.linalg.solve(lower, b) if len(b) else np.zeros_like(b)
+def gp_inputs(coordinates: np.ndarray, category_distance: float) -> np.ndarray:
+    """The Gaussian process's inputs: the numeric columns as they are, each category one-hot
+    and scaled so that two layouts differing in it are ``category_distance`` apart (a
+    squared-exponential kernel then gives ``exp(-distance²/2)`` per differing category)."""
+    numeric = coordinates[:, :NUMERIC]
+    columns = [numeric]
+    for column in range(NUMERIC, coordinates.shape[1]):
+        values = coordinates[:, column]
+        levels = np.unique(values)
+        columns.append((values[:, None] == levels[None, :]) * (category_distance / math.sqrt(2)))
+    return np.hstack(columns)
+
+
+class EstimateFrame:
+    """What :class:`~parsearch.search.surrogate.EstimateSurrogate` needs of the strategy
+    that hands it to DeepHyper: the calibrated objective of every item now, a field with
+    no measurement, and which item a point of the searched dimensions is (``item_of``:
+    ``None`` for a point outside the items). ``items_of``, which item each row of
+    DeepHyper's own encoding is, is set by the optimizer that knows that encoding.
+
+    DeepHyper clones its surrogate (deep-copying its parameters) at every fit; the copy
+    keeps this very frame, not a copy of the strategy behind it.
+    """
+
+    def __init__(
+        self,
+        calibrated: Callable[[], np.ndarray],
+        field: Callable[[], ResidualField],
+        item_of: Callable[[dict], int | None],
+    ):
+        self.calibrated = calibrated
+        self.field = field
+        self.item_of = item_of
+        self.items_of: Callable[[np.ndarray], np.ndarray] = _no_items
+
+    def __deepcopy__(self, memo: dict) -> EstimateFrame:
+        return self
+
+
+def _no_items(rows: np.ndarray) -> np.ndarray:
+    raise RuntimeError("EstimateFrame.items_of is set by the optimizer that uses the frame")
 
 
 def log_expected_improvement(

@@ -17,6 +17,7 @@ product of the searched dimensions, with nothing pruned and nothing seeded.
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
-from parsearch.search.residual import Plateau, ResidualField, log_expected_improvement
+from parsearch.search.residual import (
+    EstimateFrame,
+    Plateau,
+    ResidualField,
+    log_expected_improvement,
+)
 from parsearch.search.warm_start import WarmStart
 from parsearch.space import SearchSpace
 
@@ -43,6 +49,10 @@ SETTLE_SPREADS = 2.0
 # A layout pruned by inference alone is tried for its expected gain only while it fits
 # with at least this probability: below it, its out-of-memory trial is the likely outcome.
 RESCUE_PROBABILITY = 0.1
+# What DeepHyper's surrogate learns: ``estimate``, what the calibrated estimate gets wrong
+# (its surrogate is the estimate plus a residual field, told log objectives); ``raw``, the
+# objective itself with DeepHyper's own surrogate (``CBOSettings.surrogate_model``).
+CBO_FRAMES = ("estimate", "raw")
 
 
 class StrategyError(ParsearchError):
@@ -247,13 +257,19 @@ class GuidedStrategy(Strategy):
        fitting (:meth:`_by_expected_objective`);
     2. then, of every ``optimizer_every`` proposals, one is DeepHyper's (``optimizer``: the
        best of its acquisition among the ``region`` best-ranked untried layouts, every one
-       expected to fit with ``region=None``, with a surrogate that learns from failures as
-       the worst objective) and the others the best ranked untried layout (``estimate``);
-       when DeepHyper has nothing new to offer, the next ranked (``fallback``).
+       expected to fit with ``region=None``) and the others the best ranked untried layout
+       (``estimate``); when DeepHyper has nothing new to offer, the next ranked
+       (``fallback``). With ``cbo_frame="estimate"`` DeepHyper's surrogate is the
+       calibrated estimate plus the residual field below, told the log objective of every
+       result (:class:`~parsearch.search.surrogate.EstimateSurrogate`): its acquisition
+       (an upper confidence bound, on DeepHyper's own exploration schedule) scores its
+       proposals in the estimate's frame, and the model it learns is the one the ranking
+       reads; with ``"raw"``, its own surrogate learns the objective from scratch.
 
     The estimate, once calibrated, is a far better prior than anything a surrogate learns
     from a dozen points, so it leads, but as a prior mean, not a cage: a Gaussian process
-    on ``log(measured / calibrated)`` (:class:`~parsearch.search.residual.ResidualField`)
+    (scikit-learn's) on ``log(measured / calibrated)``
+    (:class:`~parsearch.search.residual.ResidualField`)
     re-ranks the layouts around each measurement, and once ``patience`` trials have brought
     no gain (:class:`~parsearch.search.residual.Plateau`) the ranking adds ``explore``
     times its posterior spread, so the search looks where the estimate was never checked
@@ -280,8 +296,11 @@ class GuidedStrategy(Strategy):
         explore: float = 2.0,
         acquisition: str = "mean",
         settle: float | None = None,
+        cbo_frame: str = "estimate",
     ):
         super().__init__(space, seed=seed)
+        if cbo_frame not in CBO_FRAMES:
+            raise StrategyError(f"unknown cbo_frame {cbo_frame!r}; valid: {list(CBO_FRAMES)}")
         plan = space.plan()
         plan.require_runnable(keep_predicted_oom=keep_predicted_oom)
         self.keep_predicted_oom = keep_predicted_oom
@@ -307,14 +326,30 @@ class GuidedStrategy(Strategy):
             n_seeds = max(4, len(space.searched) + 1)
         self.n_seeds = n_seeds
         self.seeds = diverse_top(self.candidates.ranked, n_seeds)
+        self._frame = None
+        if cbo_frame == "estimate":
+            self._frame = EstimateFrame(self.estimate.objective, self._empty_field, self._item_of)
         if space.searched:
             self.optimizer = BayesianOptimizer(
                 space.searched,
                 seed=seed,
                 settings=settings,
                 allowed=self._region_points(),
-                n_initial_points=max(1, n_seeds),
+                # In the estimate's frame its surrogate learns from the first result on.
+                n_initial_points=1 if self._frame is not None else max(1, n_seeds),
+                frame=self._frame,
             )
+
+    def _empty_field(self) -> ResidualField:
+        """A residual field like the ranking's with no measurement (for DeepHyper's
+        surrogate, fitted on what DeepHyper is told)."""
+        if self.residual is not None:
+            return self.residual.empty()
+        return ResidualField([c.layout for c in self.estimate.items])
+
+    def _item_of(self, point: dict) -> int | None:
+        layout = self.space.layout_from_point(point)
+        return None if layout is None else self.estimate.index.get(layout.key())
 
     @property
     def candidates(self) -> RankedCandidates:
@@ -522,7 +557,16 @@ class GuidedStrategy(Strategy):
             region = self._region_points()
             if region:
                 self.optimizer.restrict(region)
-        super().tell(results)
+            self.optimizer.tell(
+                [(point_of(self.space, layout), self._told(value)) for layout, value in results]
+            )
+
+    def _told(self, value: Objective) -> Objective:
+        """What DeepHyper is told of a result: in the estimate's frame, the log objective
+        (its surrogate learns ``log measured - log calibrated``); a failure as it is."""
+        if self._frame is None or isinstance(value, str) or value <= 0:
+            return value
+        return math.log(value)
 
     def allows(self, layout: ParallelLayout) -> bool:
         i = self.estimate.index.get(layout.key())
