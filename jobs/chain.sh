@@ -9,6 +9,7 @@
 #   0 (drained)              unfinished   kept: it resumes with the same settings
 #   any                      finished     cancelled; the report is written
 #   75 (lease held) twice    any          cancelled: another driver is live on this store
+#   3 (trainer crashes)      unfinished   cancelled: every trial crashed alike (--crash-limit)
 #   other, after progress    unfinished   kept: srun's status is its worst task's (a lost node)
 #   anything else            any          cancelled: a failed start is never resubmitted
 #
@@ -199,6 +200,8 @@ chain_run() {
         echo "parsearch: the time limit came before the lease went stale; the successor tries again"
     elif ((STATUS == 75)); then
         cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on ${STORE}?)"
+    elif ((STATUS == 3)); then
+        cancel_why="every trial crashed the same way (parsearch status says how): fix the trainer and submit again"
     elif ((STATUS != 0)) && (($(chain_finished_trials) > done_before)) && [[ -n ${SUCCESSOR} ]]; then
         # srun's status is its worst task's: a worker on a lost node, while the campaign
         # went on. A job that made progress is no failed start: the successor resumes.

@@ -45,6 +45,10 @@ def slots(text: str) -> int:
     return _integer(text, "a number of trials at once", 1, MAX_SLOTS)
 
 
+def crash_limit(text: str) -> int:
+    return _integer(text, "a number of trials (0: never stop)", 0, MAX_BUDGET)
+
+
 def seconds(value: float | str, *, allow_zero: bool = False) -> float:
     """A finite duration in (0, a year], or [0, a year] with ``allow_zero``."""
     try:

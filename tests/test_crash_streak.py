@@ -3,8 +3,14 @@ way trial after trial and has never run, and never for a crash one layout meets.
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import yaml
+
+from parsearch import results
 from parsearch.campaign.crash_streak import CrashStreak
 from parsearch.result import TrialState
 from parsearch.store import TrialRecord
@@ -58,3 +64,44 @@ def test_limit_zero_never_stops_and_a_negative_limit_is_refused():
     assert streak_of(0, *[crash] * 20).verdict is None
     with pytest.raises(ValueError, match="crash limit must be >= 0"):
         CrashStreak(-1)
+
+
+# --- a campaign on a real store ------------------------------------------------------------
+
+
+def crashing_space(tmp_path: Path) -> Path:
+    space = {
+        "name": "broken-trainer",
+        "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 100,
+                  "seq_length": 32},
+        "allocation": {"nodes": 1, "devices_per_node": 2, "device": "cpu",
+                       "device_memory": "1GiB", "peak_tflops": 0.05},
+        "search": {"tp": 1, "pp": 1, "mbs": [1, 2, 4, 8], "gas": [1, 2, 4]},
+        "trainer": {"kind": "command", "launch": "single", "parser": "json",
+                    "command": [sys.executable, str(tmp_path / "trian.py")]},
+    }  # fmt: skip
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "parsearch", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.e2e
+def test_a_campaign_whose_trainer_cannot_start_stops_at_the_limit_and_resumes(tmp_path):
+    store = str(tmp_path / "s.db")
+    first = cli("run", str(crashing_space(tmp_path)), "--store", store, "--budget", "10",
+                "--slots", "1", "--quiet")  # fmt: skip
+    assert first.returncode == 3, first.stderr
+    assert "4 trials in a row (#0, #1, #2, #3) crashed the same way" in first.stdout
+    assert "trian.py" in first.stdout
+    frame = results(store)
+    assert list(frame["state"]) == ["error"] * 4
+    # A resume gives the (perhaps fixed) trainer a fresh streak, here of its own limit.
+    again = cli("resume", "--store", store, "--crash-limit", "2", "--quiet")
+    assert again.returncode == 3, again.stderr
+    assert len(results(store)) == 6

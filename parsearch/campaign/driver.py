@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.backends import Backend, Finished, clock_of, room_for
+from parsearch.campaign.crash_streak import DEFAULT_CRASH_LIMIT, CrashStreak
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, Snapshot
@@ -73,11 +74,18 @@ class Outcome(str, enum.Enum):
     SETTLED = "settled: no untried layout is expected to beat the best"
     STOPPED = "stopped by a signal"
     TIMED_OUT = "campaign timeout reached"
+    CRASHING = "stopped: every trial crashed the same way"
 
     @property
     def complete(self) -> bool:
         """Whether the campaign is done (rather than paused until ``resume``)."""
         return self in (Outcome.BUDGET, Outcome.EXHAUSTED, Outcome.SETTLED)
+
+    @property
+    def exit_code(self) -> int:
+        """What ``run`` and ``resume`` exit with: 3 when the trainer is broken (a job chain
+        stops there rather than resubmit it), 0 otherwise."""
+        return 3 if self is Outcome.CRASHING else 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class DriverSettings:
     timeout_s: float | None = None
     grace_s: float = 60.0
     poll_s: float = 0.5
+    crash_limit: int = DEFAULT_CRASH_LIMIT
 
 
 class Driver:
@@ -126,6 +135,9 @@ class Driver:
         self.failed = 0
         self.best: tuple[float, ParallelLayout] | None = None
         self.interrupted = 0
+        # Said beside the outcome when it needs more words (why the trainer is taken as broken).
+        self.detail: str | None = None
+        self.crashes = CrashStreak(settings.crash_limit)
         self._interrupted_outside = 0
         self._started = time.monotonic()
         self._finished_here = 0
@@ -155,6 +167,11 @@ class Driver:
             self.lease.check()
             if self.stop.requested:
                 return self._drain(Outcome.STOPPED)
+            if self.crashes.verdict:
+                self.detail = self.crashes.verdict
+                self.progress.message(self.detail)
+                self.stop.request("the trainer crashes in every trial")
+                return self._drain(Outcome.CRASHING)
             if self._timed_out():
                 self.stop.request("timeout")
                 return self._drain(Outcome.TIMED_OUT)
@@ -327,6 +344,7 @@ class Driver:
             value = objective if isinstance(objective, float) else None
             record = self.store.finish_trial(record.id, result, value)
             self._count(record)
+            self.crashes.add(record)
             self.observers.trial_finished(self.campaign, record)
             self._finished_here += 1
             self._last_finish = time.monotonic()

@@ -21,6 +21,7 @@ from typing import Any
 
 from parsearch.backends import Backend, create_backend
 from parsearch.campaign import DEFAULT_BUDGET
+from parsearch.campaign.crash_streak import DEFAULT_CRASH_LIMIT
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_timeout
 from parsearch.campaign.observers import Observers
@@ -65,6 +66,7 @@ class CampaignSettings:
     timeout_s: float | None = None
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
+    crash_limit: int = DEFAULT_CRASH_LIMIT  # alike crashes in a row before any trial ran
     machine: str | None = None  # a machine profile given with --machine
     proxy: bool = False  # explore by proxy trials at fewer replicas, confirm at full scale
     settle: bool = False  # end once no untried layout is expected to beat the best
@@ -103,6 +105,7 @@ class SessionSummary:
     best: TrialRecord | None
     interrupted: int
     elapsed_s: float
+    detail: str | None = None  # the driver's words on the outcome, when it has more to say
 
     @property
     def finished(self) -> int:
@@ -119,6 +122,8 @@ class SessionSummary:
             f"{campaign.budget} trials finished ({states or 'none'}) "
             f"[{format_duration(self.elapsed_s)}]"
         ]
+        if self.detail:
+            lines.append(self.detail)
         if self.best is not None:
             lines.append(
                 f"best {campaign.objective_metric} {self.best.objective:.4g}: "
@@ -448,7 +453,10 @@ def _session(
                 strategy=strategy,
                 lease=lease,
                 settings=DriverSettings(
-                    budget=campaign.budget, timeout_s=settings.timeout_s, grace_s=settings.grace_s
+                    budget=campaign.budget,
+                    timeout_s=settings.timeout_s,
+                    grace_s=settings.grace_s,
+                    crash_limit=settings.crash_limit,
                 ),
                 stop=stop,
                 progress=progress,
@@ -466,7 +474,7 @@ def _session(
             campaign.id,
             status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,
             finished_at=time.time() if outcome.complete else None,
-            stop_reason=None if outcome.complete else outcome.value,
+            stop_reason=None if outcome.complete else driver.detail or outcome.value,
             stopped_at=None if outcome.complete else time.time(),
         )
         return SessionSummary(
@@ -476,6 +484,7 @@ def _session(
             best=store.best(campaign.id),
             interrupted=driver.interrupted,
             elapsed_s=time.monotonic() - started,
+            detail=driver.detail,
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from parsearch.backends import BACKENDS, parse_options
 from parsearch.campaign.lease import MAX_STALE_AFTER_S, MIN_STALE_AFTER_S, check_lease_timeout
 from parsearch.errors import UsageError
-from parsearch.inputs import budget, grace_seconds, option, seconds, slots
+from parsearch.inputs import budget, crash_limit, grace_seconds, option, seconds, slots
 from parsearch.units import parse_bytes
 
 
@@ -63,6 +63,13 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
         f"{MIN_STALE_AFTER_S:g} to {MAX_STALE_AFTER_S:g}{keep or ' (60)'}",
     )
     parser.add_argument(
+        "--crash-limit",
+        type=option(crash_limit),
+        metavar="N",
+        help="stop starting trials once N in a row crash the same way before any has run "
+        f"(a broken trainer command), 0: never{keep or ' (4)'}",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no progress display, only the final summary"
     )
 
@@ -75,6 +82,7 @@ def session_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "timeout_s": args.timeout,
         "grace_s": args.grace,
         "lease_timeout_s": args.lease_timeout,
+        "crash_limit": args.crash_limit,
     }
     if args.backend_opt is not None:
         given["backend_options"] = parse_options(args.backend_opt)

@@ -53,4 +53,4 @@ def run(args: argparse.Namespace) -> int:
     finally:
         observers.close()
     print(summary.render(args.store))
-    return 0
+    return summary.outcome.exit_code
