@@ -134,7 +134,10 @@ def test_a_server_started_from_a_thread_that_ends_lives_on():
         import threading, time
         from parsearch.launch.prefork import ForkServer
         servers = []
-        starter = threading.Thread(target=lambda: servers.append(ForkServer.get(())))
+        def start():  # ends once the server is ready: it has asked to die with its parent
+            servers.append(ForkServer.get(()))
+            servers[0].ready()
+        starter = threading.Thread(target=start)
         starter.start()
         starter.join()
         time.sleep(1.0)
