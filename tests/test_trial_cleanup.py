@@ -119,9 +119,11 @@ def test_kill_9_of_the_driver_leaves_no_process_of_the_trial(tmp_path, launch):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_kill_9_of_the_driver_ends_the_builtin_trainers_ranks_within_a_second_or_two(tmp_path):
-    """The built-in trainer's ranks are forks of the driver's fork server, which exits when
-    the driver's end of its pipe closes; it used to finalise its interpreter first (torch:
-    9-11 s on a loaded 2-core machine, all the while its ranks ran on)."""
+    """The built-in trainer's ranks are forks of the driver's fork server, which the kernel
+    kills when the driver dies (``PR_SET_PDEATHSIG``; start-up included, see
+    test_start_up_kill.py); it used to wait for the driver's end of its pipe to close, and
+    before that to finalise its interpreter first (torch: 9-11 s on a loaded 2-core machine,
+    all the while its ranks ran on)."""
     tiny = ROOT / "search_spaces" / "tiny-cpu.yaml"
     driver = subprocess.Popen(
         [sys.executable, "-m", "parsearch", "run", str(tiny), "--store", "c.db",
