@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -148,6 +149,28 @@ def test_a_server_started_from_a_thread_that_ends_lives_on():
         [sys.executable, "-c", agent_script], capture_output=True, text=True, timeout=60
     )
     assert done.stdout.split() == ["True", "False"], done.stderr
+
+
+@pytest.mark.parametrize("error", [OSError(11, "Resource temporarily unavailable"), ValueError()])
+def test_a_server_that_cannot_be_started_is_the_callers_error_not_a_hang(monkeypatch, error):
+    """The server is started in its reader thread; what starting it raised reaches the
+    agent as it did when the agent started it itself (the agent then spawns its ranks)."""
+
+    def cannot_start(*args: object, **kwargs: object) -> None:
+        raise error
+
+    def start() -> None:
+        try:
+            prefork.ForkServer(())
+        except Exception as raised:  # what it raised is the test's subject
+            outcome.append(raised)
+
+    monkeypatch.setattr(prefork.subprocess, "Popen", cannot_start)
+    outcome: list[Exception] = []
+    starter = threading.Thread(target=start, daemon=True)  # a hang must not hold the test
+    starter.start()
+    starter.join(timeout=10)
+    assert outcome == [error]
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class ForkServer:
             name="parsearch-fork-server",
             daemon=True,
         ).start()
-        self._process = started.result()  # or the OSError that Popen raised
+        self._process = started.result()  # or raises what Popen raised
 
     def ready(self) -> bool:
         """Wait until the server has imported the trainer; whether it can fork ranks."""
@@ -166,7 +166,7 @@ class ForkServer:
                 text=True,
                 start_new_session=True,
             )
-        except OSError as error:
+        except Exception as error:  # the caller's to handle, as if it had started the server
             started.set_exception(error)
             return
         started.set_result(process)
