@@ -2,11 +2,14 @@
 
 Both modes run the real driver in-process (``parsearch.run_campaign``, ``proxy=True`` or
 not) with the default strategy and a real store, on a :class:`ClockedTruth` backend: the
-machines of :mod:`truths` (rescaled estimate, independent model, random field; memory as
-is) answering each trial on the allocation's nodes under a virtual clock. A trial holds
-``spec.nodes`` nodes for :data:`truths.STARTUP_S` plus its timed steps (a proxy its own,
-at dp'), several at once when they fit; the driver starts each as soon as its nodes are
-free.
+machines of :mod:`truths` (rescaled estimate, independent model, random field) and of
+:mod:`proxy_truths` (a DP reduction whose proxy error differs by layout, ``dp-skew``; memory
+that runs out at full scale where the proxy fits, ``dp-wall``), memory as is or
+``--memory heavier``/``lighter``, answering each trial on the allocation's nodes under a
+virtual clock. A trial holds ``spec.nodes`` nodes for :data:`truths.STARTUP_S` plus its
+timed steps (a proxy its own, at dp'), several at once when they fit; the driver starts
+each as soon as its nodes are free. The plain campaign has ``--budget`` trials; the proxy
+campaign ``--proxy-budget`` times as many, so that it runs at least as many node-hours.
 
 *Node-hours to target*: the allocation's node-hours from the start to the end of the first
 full-scale trial whose truth-measured objective is within 97% of the exhaustive full-scale
@@ -14,10 +17,16 @@ optimum (idle nodes count: the allocation is held), and the trials' own node-hou
 only). *Idle share*: the allocation's unused share up to that moment. *Final quality*: the
 truth's measured objective of the campaign's answer (``store.best``: a full-scale trial, or
 a proxy's layout measured by the truth when the budget ended before a confirmation) over
-the optimum, at the end of the budget.
+the optimum, at the end of the budget. *At equal node-hours*: the proxy campaign's answer
+when it has held the allocation as long as the plain campaign held it for its whole budget
+(the full-scale trial with the best recorded objective among those finished by then; 0
+with none), against the plain campaign's final answer. *Trials to target*: the plain
+campaign's trials up to its first within 97%; the node-hour ratio is also given over the
+seeds where that is 4 or more (where proxies have something to save).
 
     .venv/bin/python benchmarks/proxy_node_hours.py [--seeds 10] [--budget 24]
-        [--spaces gpt-175b-frontier gpt-1t-frontier] [--truths rescaled independent field]
+        [--proxy-budget 2] [--spaces gpt-175b-frontier gpt-1t-frontier]
+        [--truths rescaled independent field dp-skew dp-wall] [--memory "as is"]
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from proxy_truths import PROXY_TRUTHS
 from search_efficiency import TARGET, exhaustive_optimum, space_named
-from truths import STARTUP_S, TRUTHS, Truth
+from truths import MEMORY, STARTUP_S, TRUTHS, Truth
 
 import parsearch
 from parsearch.backends import Finished
@@ -112,6 +122,10 @@ class ClockedTruth:
         )
 
 
+ALL_TRUTHS: dict[str, type[Truth]] = {**TRUTHS, **PROXY_TRUTHS}
+DEFAULT_TRUTHS = ["rescaled", "independent", "field", *PROXY_TRUTHS]
+
+
 @dataclass(frozen=True)
 class Outcome:
     space: str
@@ -125,11 +139,25 @@ class Outcome:
     trials: int
     proxies: int
     answer_full_scale: bool
+    trials_to_target: int | None  # trials started up to the first within 97%
+    end_node_h: float  # the allocation's node-hours at the campaign's end
+    ooms: int  # trials out of memory (proxies or full scale)
+    # Full-scale trials that succeeded: (end, allocation node-hours; recorded objective;
+    # the truth's objective over the optimum), for the answer at a given node-hour count.
+    confirmed: tuple[tuple[float, float, float], ...] = ()
+
+    def quality_at(self, node_h: float) -> float:
+        """The answer's quality once the allocation has been held ``node_h`` node-hours:
+        the best recorded full-scale trial finished by then (0 with none)."""
+        done = [(recorded, quality) for end, recorded, quality in self.confirmed if end <= node_h]
+        return max(done)[1] if done else 0.0
 
 
-def campaign(space_name: str, truth_name: str, seed: int, budget: int, proxy: bool) -> Outcome:
+def campaign(
+    space_name: str, truth_name: str, seed: int, budget: int, proxy: bool, memory: float = 1.0
+) -> Outcome:
     space = space_named(space_name)
-    truth = TRUTHS[truth_name](space, seed, 1.0)
+    truth = ALL_TRUTHS[truth_name](space, seed, memory)
     optimum, _ = exhaustive_optimum(truth)
     backend = ClockedTruth(truth)
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,16 +170,21 @@ def campaign(space_name: str, truth_name: str, seed: int, budget: int, proxy: bo
             trials = store.trials(campaign.id)
             answer = store.best(campaign.id)
     slug = campaign.name
-    reached_at = None
-    for trial in trials:
+    nodes = backend.nodes
+    reached_at, trials_to_target = None, None
+    confirmed = []
+    for index, trial in enumerate(trials, 1):
         if trial.proxy_dp is not None or trial.state is not TrialState.OK:
             continue
         value = _measured(truth, trial)
-        if value is not None and value >= TARGET * optimum:
-            end = backend.spans[f"{slug}-{trial.number:05d}-a{trial.attempt}"][1]
-            reached_at = end if reached_at is None else min(reached_at, end)
+        end = backend.spans[f"{slug}-{trial.number:05d}-a{trial.attempt}"][1]
+        if value is not None and trial.objective is not None:
+            confirmed.append((nodes * end / 3600, trial.objective, value / optimum))
+        reached = value is not None and value >= TARGET * optimum
+        if reached and (reached_at is None or end < reached_at):
+            reached_at, trials_to_target = end, index
     final = 0.0 if answer is None else (_measured(truth, answer) or 0.0) / optimum
-    nodes = backend.nodes
+    ended = max((end for _, end, _ in backend.spans.values()), default=0.0)
     busy = None if reached_at is None else backend.busy_node_seconds(reached_at)
     return Outcome(
         space=space_name,
@@ -165,6 +198,10 @@ def campaign(space_name: str, truth_name: str, seed: int, budget: int, proxy: bo
         trials=len(trials),
         proxies=sum(1 for t in trials if t.proxy_dp is not None),
         answer_full_scale=answer is not None and answer.proxy_dp is None,
+        trials_to_target=trials_to_target,
+        end_node_h=nodes * ended / 3600,
+        ooms=sum(1 for t in trials if t.state is TrialState.OOM),
+        confirmed=tuple(confirmed),
     )
 
 
@@ -181,9 +218,12 @@ def summarise(outcomes: list[Outcome]) -> str:
         pairs.setdefault((o.space, o.truth, o.seed), {})[o.proxy] = o
     lines = [
         "| space | truth | seeds | reached (proxy / full) | node-h ratio median | worst "
+        "| median where full needs >= 4 trials (seeds) "
         "| trial node-h ratio median | idle share to target, median / worst "
-        "| final quality proxy / full (median) | proxies per campaign |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| final quality proxy / full (median) "
+        "| at equal node-h proxy / full, median | worst | OOM share proxy / full "
+        "| proxies per campaign |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[tuple[str, str], list[dict[bool, Outcome]]] = {}
     for (space, truth, _), pair in sorted(pairs.items()):
@@ -198,12 +238,14 @@ def summarise(outcomes: list[Outcome]) -> str:
 
 def _row(space: str, truth: str, group: list[dict[bool, Outcome]]) -> str:
     inf = float("inf")
-    ratios, trial_ratios, idles = [], [], []
+    ratios, trial_ratios, idles, long_ratios = [], [], [], []
     for pair in group:
         p, f = pair[True], pair[False]
         if f.allocation_node_h is None:
             continue  # full scale never reached the target: no reference
         ratios.append(p.allocation_node_h / f.allocation_node_h if p.allocation_node_h else inf)
+        if f.trials_to_target is not None and f.trials_to_target >= 4:
+            long_ratios.append(ratios[-1])
         trial_ratios.append(p.trial_node_h / f.trial_node_h if p.trial_node_h else inf)
         if p.idle_share is not None:
             idles.append(p.idle_share)
@@ -212,14 +254,26 @@ def _row(space: str, truth: str, group: list[dict[bool, Outcome]]) -> str:
     quality_p = statistics.median(pair[True].final_quality for pair in group)
     quality_f = statistics.median(pair[False].final_quality for pair in group)
     proxies = statistics.median(pair[True].proxies for pair in group)
+    # The proxy campaign's answer once it has held the allocation as long as the plain one.
+    equal = [
+        (pair[True].quality_at(pair[False].end_node_h), pair[False].final_quality) for pair in group
+    ]
+    deficit = min(equal, key=lambda qs: qs[0] - qs[1])
+    oom_p = sum(pair[True].ooms for pair in group) / sum(pair[True].trials for pair in group)
+    oom_f = sum(pair[False].ooms for pair in group) / sum(pair[False].trials for pair in group)
     return (
         f"| {space} | {truth} | {len(group)} | {reached_p} / {reached_f} "
         f"| {_r(statistics.median(ratios)) if ratios else '-'} "
         f"| {_r(max(ratios)) if ratios else '-'} "
+        f"| {_r(statistics.median(long_ratios)) if long_ratios else '-'} ({len(long_ratios)}) "
         f"| {_r(statistics.median(trial_ratios)) if trial_ratios else '-'} "
         f"| {_pct(statistics.median(idles)) if idles else '-'} / "
         f"{_pct(max(idles)) if idles else '-'} "
-        f"| {quality_p:.1%} / {quality_f:.1%} | {proxies:g} |"
+        f"| {quality_p:.1%} / {quality_f:.1%} "
+        f"| {statistics.median(q for q, _ in equal):.1%} / "
+        f"{statistics.median(q for _, q in equal):.1%} "
+        f"| {deficit[0]:.1%} / {deficit[1]:.1%} | {_pct(oom_p)} / {_pct(oom_f)} "
+        f"| {proxies:g} |"
     )
 
 
@@ -235,17 +289,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--budget", type=int, default=24)
+    parser.add_argument(
+        "--proxy-budget", type=float, default=2.0, help="the proxy campaign's budget, in budgets"
+    )
     parser.add_argument("--spaces", nargs="+", default=["gpt-175b-frontier", "gpt-1t-frontier"])
-    parser.add_argument("--truths", nargs="+", default=list(TRUTHS))
+    parser.add_argument("--truths", nargs="+", default=DEFAULT_TRUTHS, choices=list(ALL_TRUTHS))
+    parser.add_argument("--memory", default="as is", choices=list(MEMORY))
+    parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args(argv)
     outcomes = []
+    memory = MEMORY[args.memory]
     for space in args.spaces:
         for truth in args.truths:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for proxy in (False, True):
-                    outcome = campaign(space, truth, seed, args.budget, proxy)
+                    budget = round(args.budget * args.proxy_budget) if proxy else args.budget
+                    outcome = campaign(space, truth, seed, budget, proxy, memory)
                     outcomes.append(outcome)
-                    print(replace(outcome), file=sys.stderr, flush=True)
+                    print(replace(outcome, confirmed=()), file=sys.stderr, flush=True)
     print(summarise(outcomes))
     return 0
 

@@ -355,3 +355,94 @@ def test_a_replay_decides_as_the_interrupted_campaign_would():
     assert [(p.layout, p.origin, p.proxy) for p in resumed.ask(3)] == [
         (p.layout, p.origin, p.proxy) for p in live.ask(3)
     ]
+
+
+def test_a_proxy_oom_with_no_larger_proxy_left_waits_for_full_scale_where_it_may_fit():
+    space = cpu_space(zero_stage=1)  # dp 8: proxies at dp 2 and 4, ZeRO-1 holds more there
+    listed = layouts(space)
+    phase = ProxyPhase(Listed(space, listed, n_seeds=1), budget=10, open_full_scale=False)
+    (proxy,) = phase.ask(1)
+    assert proxy.proxy is not None and proxy.proxy.dp == 2
+    finish(phase, proxy, 0.0, ok=False)
+    (retry,) = phase.ask(1)
+    assert retry.origin == "retry" and retry.proxy is not None and retry.proxy.dp == 4
+    finish(phase, retry, 0.0, ok=False)  # no proxy left between it and full scale
+    assert phase.inner.told == []  # not told it ran out: full scale holds less per rank
+    (full,) = phase.ask(1)  # nothing confirmed yet: the estimate's figure is the best hope
+    assert full.origin == "confirm" and full.layout == proxy.layout and full.proxy is None
+    finish(phase, full, 1000.0)
+    assert phase.inner.told == [(proxy.layout, 1000.0)]  # what full scale measured
+
+
+def test_proxies_are_sized_by_what_runs_needed_over_the_estimate():
+    space = cpu_space(zero_stage=1)
+    listed = layouts(space)
+    phase = ProxyPhase(Listed(space, listed, n_seeds=1), budget=10, open_full_scale=False)
+    (proxy,) = phase.ask(1)
+    assert phase.memory_ratio == 1.0
+    assert proxy.proxy is not None
+    run = predict_run(space.model, proxy.proxy.proxy_layout, space.allocation, space.estimate)
+    finish(phase, proxy, 0.0, ok=False)  # it needed more than the device
+    assert phase.memory_ratio == pytest.approx(space.memory_limit_bytes / run.peak_mem_bytes)
+    (retry,) = phase.ask(1)
+    assert retry.proxy is not None and retry.proxy.dp > proxy.proxy.dp
+    retried = predict_run(space.model, retry.proxy.proxy_layout, space.allocation, space.estimate)
+    assert retried.peak_mem_bytes * phase.memory_ratio <= space.memory_limit_bytes
+
+
+class Settling(Listed):
+    """A wrapped strategy that expects nothing untried to beat the best (``--settle``)."""
+
+    @property
+    def settled(self) -> bool:
+        return True
+
+
+def test_settle_does_not_stop_while_a_proxy_may_still_beat_the_best():
+    space = cpu_space()
+    listed = layouts(space)[:3]
+    phase = ProxyPhase(
+        Settling(space, listed, n_seeds=2), budget=20, margin=0.05, open_full_scale=False
+    )
+    a, b = first_wave(phase, 2)
+    best, _ = finish(phase, a, 1.0)
+    tokens = b.layout.dp * b.layout.mbs * b.layout.gas * space.model.seq_length
+    close, _ = finish(phase, b, tokens / (0.92 * best.objective))  # 8% below a's
+    (confirm,) = phase.ask(1)
+    assert confirm.origin == "confirm" and confirm.layout == a.layout
+    finish(phase, confirm, best.objective)
+    (c,) = phase.ask(1)  # b is within the margin: proxies go on
+    assert c.proxy is not None and c.layout == listed[2]
+    finish(phase, c, 10.0)  # far slower; the wrapped strategy has nothing left
+    assert not phase.settled  # b may beat a within two spreads
+    (last,) = phase.ask(1)
+    assert last.origin == "confirm" and last.layout == close.layout
+    assert phase.ask(1) == []
+    finish(phase, last, 0.92 * best.objective)
+    assert phase.ask(1) == [] and phase.settled
+
+
+def test_a_confirmation_out_of_memory_is_told_to_the_wrapped_strategy():
+    space = cpu_space()
+    phase = ProxyPhase(Listed(space, layouts(space), n_seeds=1), budget=10, open_full_scale=False)
+    (a,) = phase.ask(1)
+    measured, _ = finish(phase, a, 1.0)
+    (confirm,) = phase.ask(1)
+    assert confirm.origin == "confirm"
+    finish(phase, confirm, 0.0, ok=False)  # the proxy fitted; full scale did not
+    assert phase.inner.told == [(a.layout, measured.objective), (a.layout, "F_oom")]
+
+
+def test_an_opening_out_of_memory_is_followed_by_the_next_pick_at_full_scale():
+    space = cpu_space()
+    listed = layouts(space)
+    phase = ProxyPhase(Listed(space, listed, n_seeds=2), budget=20)
+    (opening,) = phase.ask(1)
+    finish(phase, opening, 0.0, ok=False)  # no bar, nothing to calibrate by
+    (again,) = phase.ask(1)
+    assert again.proxy is None and again.layout == listed[1]
+    assert phase.ask(1) == []  # it holds the allocation, and sets the bar
+    finish(phase, again, 1000.0)
+    calibrate, a, b = first_wave(phase, 3)
+    assert calibrate.origin == "calibrate" and calibrate.layout == again.layout
+    assert [a.layout, b.layout] == listed[2:4]

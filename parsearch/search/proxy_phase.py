@@ -3,11 +3,12 @@
 A campaign's cost is node-hours, and a full-scale trial holds the whole allocation for one
 layout. :class:`ProxyPhase` wraps a strategy (``default`` usually) and turns each of its
 proposals into a *proxy* (the same ``tp``, ``pp``, ``mbs``, ``gas`` on the fewest
-data-parallel replicas predicted to fit, :func:`~parsearch.estimate.proxy.choose_proxy`),
-so several run at once on the nodes one full-scale trial would hold. The wrapped strategy
-is told each proxy's full-scale figures as the estimate predicts them from the proxy's
-measurement (:func:`~parsearch.estimate.proxy.full_scale_figures`), times the correction
-learnt from confirmations.
+data-parallel replicas predicted to fit, with the estimate's memory scaled by what runs
+needed over it so far, :meth:`ProxyPhase._proxy_plan`), so several run at once on the
+nodes one full-scale trial would hold. The wrapped strategy is told each proxy's
+full-scale figures as the estimate predicts them from the proxy's measurement
+(:func:`~parsearch.estimate.proxy.full_scale_figures`), times the correction learnt from
+confirmations.
 
 The campaign opens with the wrapped strategy's first pick measured at full scale
 (``open_full_scale``): where the estimate ranks the machine's layouts right, that pick is
@@ -17,7 +18,8 @@ it does not, the opening is the bar every proxy's prediction must clear to be co
 budget too small for the opening, its calibration, a first wave and a confirmation has
 no opening.
 
-Confirmations are full-scale trials of layouts a proxy measured, best predicted first:
+Confirmations are full-scale trials of layouts a proxy measured (or whose proxies all ran
+out of memory where full scale may fit: below), most likely to beat the best first:
 
 * the first once the first wave is all in (the wrapped strategy's first ``explore_first``
   picks, which differ in tp and pp, and the opening's calibration), of its best proxy if
@@ -30,7 +32,11 @@ Confirmations are full-scale trials of layouts a proxy measured, best predicted 
 * the last trial of the budget confirms the best proxy that may still beat every
   confirmed figure (within two spreads: no later trial could), or any while none has
   succeeded, so that a campaign's answer is a full-scale measurement unless the budget
-  ends first.
+  ends first;
+* whenever the wrapped strategy has nothing more to propose (every layout tried, or
+  ``--settle`` expects none to beat the best), each that may still beat the best within
+  two spreads, so that neither the budget's end nor ``--settle`` leaves a layout of higher
+  expected gain unconfirmed (:attr:`ProxyPhase.settled`).
 
 Proxies are placed as nodes free up (the backend's
 :class:`~parsearch.search.strategy.Placement`, which the driver hands every strategy): the
@@ -46,9 +52,13 @@ Each confirmation (and the opening's calibration: a proxy of the opening, run wi
 first wave) gives a (predicted, measured) pair, and the correction is their geometric mean
 ratio (:func:`~parsearch.estimate.proxy.learned_correction`). A proxy that
 ran out of memory condemns its layout only when nothing is dp-sharded
-(:func:`~parsearch.estimate.proxy.proxy_oom_is_full_scale`); otherwise the layout is
-measured again on the next larger proxy, or, with none smaller than the allocation, given
-up as out of memory (full-scale trials are kept for confirmations).
+(:func:`~parsearch.estimate.proxy.proxy_oom_is_full_scale`). Otherwise the smaller shard
+may be why (under ZeRO-1 a rank holds more optimizer state at a lower dp): the layout is
+measured again on the next larger proxy expected to fit, or, with none left, waits for a
+full-scale trial, valued at the estimate's figure corrected and spread by the full-scale
+trials so far, and confirmed when that may beat the best; the wrapped strategy hears
+nothing of it until then (told an out-of-memory, it would learn that full scale does not
+fit). A confirmation that fails is told to it (full scale's own verdict on the layout).
 
 The state is rebuilt from the store's trials on resume (:meth:`ProxyPhase.start`), in
 trial order, so a resumed campaign decides as the interrupted one would have.
@@ -63,13 +73,13 @@ from collections.abc import Callable, Iterable, Sequence
 from parsearch.config import ParallelLayout
 from parsearch.estimate.proxy import (
     ProxyPlan,
-    choose_proxy,
     fidelity_record,
     full_scale_figures,
     learned_correction,
     learned_spread,
     nodes_for,
     predict_run,
+    proxy_dps,
     proxy_oom_is_full_scale,
 )
 from parsearch.result import TrialResult, TrialState
@@ -78,6 +88,12 @@ from parsearch.search.strategy import Placement, Proposal, Strategy, TrialLike
 
 OVERTAKE = 3  # smaller picks that may start before one waiting for more nodes
 DRAIN_SAFETY = 1.2  # a drain fill must be expected to end this much before the drain does
+# A layout is confirmed at full scale while its expected full-scale figure, this many spreads
+# up, beats the best confirmed one: a proxy's miss is its own noise and the full-scale
+# run's, and a layout's DP reduction the estimate gets wrong by its own factor, so one
+# spread (one chance in six of being above) leaves the optimum unconfirmed too often
+# (``benchmarks/README.md``, proxy campaigns).
+CONFIRM_SPREADS = 2.0
 
 
 def expected_run_s(runs: Sequence[tuple[float, float]], step_s: float) -> float | None:
@@ -129,7 +145,8 @@ class ProxyPhase(Strategy):
         self._made = 0  # trials started (proxies and full scale), against the budget
         self._layouts: dict[str, ParallelLayout] = {}
         self._proxy_order: dict[str, None] = {}  # keys measured by proxy, first started first
-        self._opening: str | None = None  # the key of the first pick, run at full scale
+        self._opening: str | None = None  # the key of the latest opening, run at full scale
+        self._openings = 0  # picks that opened the campaign at full scale
         self._predicted: dict[str, float] = {}  # full key -> uncorrected full-scale objective
         self._proxy_running: set[str] = set()
         self._full_running: set[str] = set()
@@ -143,6 +160,10 @@ class ProxyPhase(Strategy):
         self._runs: dict[str, Run] = {}  # key -> its running trial
         self.clock: Callable[[], float] | None = None  # the backend's time, once placed
         self._durations: list[tuple[float, float]] = []  # finished: (predicted step, held s)
+        self._estimate_only: set[str] = set()  # no proxy fits, full scale may: the estimate's
+        self._estimate_pairs: list[tuple[float, float]] = []  # (estimate's, measured) full
+        self._memory_ratio = 1.0  # what runs needed over the estimate's peak, at most
+        self._dry = False  # the wrapped strategy proposed nothing since the last result
 
     # -- what the driver asks -----------------------------------------------------------------
 
@@ -166,14 +187,16 @@ class ProxyPhase(Strategy):
         return ()
 
     def _next(self) -> Proposal | None:
-        if self._opens and not self._layouts:  # the estimate's first pick, as is
-            return next(iter(self.inner.ask(1)), None)
+        if self._opening_wanted():  # the estimate's first pick (or next), as is
+            return next(iter(self._inner_ask(1)), None)
         if self._opening is not None and self._opening in self._full_running:
             return None  # it holds the allocation, and sets the bar
-        if self._retry:
+        while self._retry:
             key, min_dp = next(iter(self._retry.items()))
             del self._retry[key]
-            return self._measure(self._layouts[key], "retry", min_dp)
+            if self._proxy_plan(self._layouts[key], min_dp) is not None:
+                return self._measure(self._layouts[key], "retry", min_dp)
+            self._estimate_only.add(key)  # no proxy left that is expected to fit
         candidate = self._confirmation()
         if candidate is not None:  # it waits for every running proxy: fill that time
             drain_fill = self._drain_fill()
@@ -181,14 +204,27 @@ class ProxyPhase(Strategy):
         if self._reserved():
             if self._proxy_running or self._full_running:
                 return None  # the last trial confirms what the running proxies find
-            return next(iter(self.inner.ask(1)), None)  # nothing to confirm: full scale
+            return next(iter(self._inner_ask(1)), None)  # nothing to confirm: full scale
         if self._first_wave_pending():
             return self._drain_fill()  # the first wave decides the first confirmation
         if self._wave_queue is None:
             self._wave_queue = self._first_wave()
         if self._wave_queue:
             return self._fitting(self._wave_queue) or self._wave_queue.pop(0)
-        return self._backfilled()
+        proposal = self._backfilled()
+        if proposal is None and self._dry and not self._held:
+            candidate = self._confirmation()  # nothing left to propose: what may beat the best
+            if candidate is not None:
+                return Proposal(candidate, "confirm", self.space.predict(candidate))
+        return proposal
+
+    def _inner_ask(self, n: int) -> list[Proposal]:
+        """The wrapped strategy's next ``n`` picks. Fewer: it has nothing more to propose
+        (for now, when it settles: until it hears of another result), and what is left to
+        do is confirm what the proxies found."""
+        proposals = self.inner.ask(n) if n > 0 else []
+        self._dry = self._dry or len(proposals) < n
+        return proposals
 
     def _backfilled(self, by: float | None = None) -> Proposal | None:
         """The wrapped strategy's next pick that fits the nodes free now (and is expected
@@ -206,7 +242,7 @@ class ProxyPhase(Strategy):
                 self._overtaken = 0 if index == 0 else self._overtaken + 1
                 return self._held.pop(index)
         while self._overtaken < OVERTAKE and len(self._held) < OVERTAKE:
-            proposal = next(iter(self._proxies_of(self.inner.ask(1))), None)
+            proposal = next(iter(self._proxies_of(self._inner_ask(1))), None)
             if proposal is None:
                 break
             if fits(proposal):
@@ -293,7 +329,7 @@ class ProxyPhase(Strategy):
         left = self._left()
         if left is not None:
             wanted = min(wanted, left - 1 - len(wave))  # the last trial confirms
-        wave += self._proxies_of(self.inner.ask(wanted) if wanted > 0 else [])
+        wave += self._proxies_of(self._inner_ask(wanted))
         return sorted(wave, key=self._predicted_run_s, reverse=True)
 
     def _predicted_run_s(self, proposal: Proposal) -> float:
@@ -311,10 +347,8 @@ class ProxyPhase(Strategy):
         key = self._opening
         if key is None or key in self._proxy_order or self._measured.get(key) is None:
             return None
-        space, layout = self.space, self._layouts[key]
-        if choose_proxy(space.model, layout, space.allocation, space.estimate, 1) is None:
-            return None
-        return self._measure(layout, "calibrate", 1)
+        plan = self._proxy_plan(self._layouts[key])
+        return None if plan is None else self._measure(self._layouts[key], "calibrate", 1)
 
     def _first_wave_pending(self) -> bool:
         """Whether the first wave's proxies are started but not all in, or the first
@@ -328,11 +362,58 @@ class ProxyPhase(Strategy):
         return not confirmed and any(key in self._full_running for key in self._proxy_order)
 
     def _measure(self, layout: ParallelLayout, origin: str, min_dp: int) -> Proposal:
-        """A proxy of ``layout`` (the smallest predicted to fit, ``min_dp`` replicas or
-        more), or the layout itself when no proxy is smaller than it."""
+        """A proxy of ``layout`` (:meth:`_proxy_plan`), or the layout itself when no proxy
+        smaller than it is expected to fit."""
+        plan = self._proxy_plan(layout, min_dp)
+        return Proposal(layout, origin, None if plan else self.space.predict(layout), proxy=plan)
+
+    def _proxy_plan(self, layout: ParallelLayout, min_dp: int = 1) -> ProxyPlan | None:
+        """The smallest proxy of ``layout`` (``min_dp`` replicas or more) on fewer nodes
+        than the layout, whose predicted peak times what runs have shown the estimate to
+        miss (:attr:`memory_ratio`) fits: the estimate's memory has no learning of its own,
+        and under ZeRO a proxy holds more per rank than full scale, so the smallest proxy
+        it expects to fit is the likeliest to run out of memory, a trial that measures
+        nothing. ``None`` when none is left."""
         space = self.space
-        plan = choose_proxy(space.model, layout, space.allocation, space.estimate, min_dp)
-        return Proposal(layout, origin, None if plan else space.predict(layout), proxy=plan)
+        per_node = space.allocation.devices_per_node
+        full_nodes = nodes_for(layout, per_node)
+        for dp in proxy_dps(layout):
+            if dp < min_dp:
+                continue
+            plan = ProxyPlan(layout, dp, nodes_for(dataclasses.replace(layout, dp=dp), per_node))
+            if plan.nodes >= full_nodes:
+                return None
+            peak = self._peak(plan.proxy_layout)
+            if peak * self._memory_ratio <= space.memory_limit_bytes:
+                return plan
+        return None
+
+    def _peak(self, run: ParallelLayout) -> float:
+        """The estimate's peak bytes per rank of a run of ``run`` on the nodes it spans."""
+        space = self.space
+        return predict_run(space.model, run, space.allocation, space.estimate).memory.total
+
+    @property
+    def memory_ratio(self) -> float:
+        """The most any run needed over the estimate's peak for it (at least 1): measured
+        peaks, and for a run out of memory the device over its predicted peak (it needed
+        more). Proxies are sized by it (:meth:`_proxy_plan`)."""
+        return self._memory_ratio
+
+    def _learn_memory(self, record: TrialLike, result: TrialResult) -> None:
+        """What a finished run says of the estimate's memory (see :attr:`memory_ratio`)."""
+        run = record.layout
+        if record.proxy_dp is not None:
+            run = dataclasses.replace(run, dp=record.proxy_dp)
+        measured = result.metrics.get("peak_mem_bytes")
+        if record.proxy_dp is not None:
+            measured = result.metrics.get("fidelity", {}).get("measured", {}).get("peak_mem_bytes")
+        if result.status is TrialState.OOM:
+            measured = self.space.memory_limit_bytes
+        elif not result.ok:
+            return
+        if isinstance(measured, int | float) and measured > 0:
+            self._memory_ratio = max(self._memory_ratio, float(measured) / self._peak(run))
 
     @property
     def _opens(self) -> bool:
@@ -341,10 +422,26 @@ class ProxyPhase(Strategy):
         room = self.budget is None or self.budget >= self.explore_first + 3
         return self.open_full_scale and room
 
+    def _opening_wanted(self) -> bool:
+        """Whether the next trial opens the campaign at full scale: the first, and the next
+        pick while every opening failed (at most ``explore_first``) and no proxy ran. With
+        no full-scale figure there is no bar for a proxy to clear and nothing to calibrate
+        it by, and on a machine whose memory the estimate misses the proxies, sized by it,
+        run out too; a full-scale trial that fits teaches what the memory is, as it does a
+        full-scale campaign."""
+        if not self._opens:
+            return False
+        if not self._layouts:
+            return True
+        failed = self._opening is not None and self._measured.get(self._opening, 0.0) is None
+        return failed and self._openings < self.explore_first and not self._proxy_order
+
     @property
     def _wave(self) -> int:
-        """Proxies in the first wave: ``explore_first``, and the opening's calibration."""
-        return self.explore_first + (self._opening is not None)
+        """Proxies in the first wave: ``explore_first``, and the opening's calibration
+        (none when every opening failed)."""
+        opened = self._opening is not None and self._measured.get(self._opening) is not None
+        return self.explore_first + opened
 
     def _left(self) -> int | None:
         return None if self.budget is None else self.budget - self._made
@@ -357,46 +454,74 @@ class ProxyPhase(Strategy):
         left = self._left()
         if left is None or left > 1:
             return False
-        best = max((v for v in self._measured.values() if v is not None), default=None)
-        correction = self.correction
+        best = self._best()
         return (
             best is None
-            or any(
-                self._may_beat_last(value * correction, best)
-                for key, value in self._predicted.items()
-                if key not in self._measured and key not in self._judged
-            )
+            or any(self._may_beat_last(*expected, best) for expected in self._waiting().values())
             or bool(self._proxy_running)
         )
 
-    def _may_beat_last(self, predicted: float, best: float) -> bool:
-        """Whether a corrected prediction may beat ``best``, for the budget's last trial:
-        within two spreads, with no margin (no later trial could confirm it instead)."""
-        return predicted * math.exp(2 * learned_spread(self._pairs)) > best
+    def _best(self) -> float | None:
+        """The best full-scale figure measured so far."""
+        return max((v for v in self._measured.values() if v is not None), default=None)
+
+    @staticmethod
+    def _may_beat_last(expected: float, spread: float, best: float) -> bool:
+        """Whether an expected full-scale figure may beat ``best`` when no later trial could
+        confirm it instead (the budget's last trial, or the wrapped strategy has nothing
+        more to propose): within two of its spreads, with no margin."""
+        return expected * math.exp(2 * spread) > best
+
+    def _waiting(self) -> dict[str, tuple[float, float]]:
+        """Layouts that may be confirmed at full scale, with the full-scale figure expected
+        of each and its log spread: those a proxy measured (its prediction, corrected by
+        the confirmations; the spread of their misses, :func:`learned_spread`), and those
+        whose proxies ran out of memory where full scale may fit (the estimate's figure,
+        corrected by every full-scale trial so far, and the spread of its misses). A proxy's
+        out-of-memory condemns nothing at full scale when full scale holds less per rank:
+        the layout competes on what the estimate expects of it."""
+        done = self._measured.keys() | self._full_running | self._judged
+        correction, spread = self.correction, learned_spread(self._pairs)
+        waiting = {
+            key: (value * correction, spread)
+            for key, value in self._predicted.items()
+            if key not in done
+        }
+        if self._estimate_only - done:
+            pairs = self._estimate_pairs
+            estimate = (learned_correction(pairs), learned_spread(pairs))
+            for key in self._estimate_only - done:
+                waiting[key] = (self._estimated(key) * estimate[0], estimate[1])
+        return waiting
+
+    def _estimated(self, key: str) -> float:
+        """The estimate's full-scale objective for a layout."""
+        return float(getattr(self.space.predict(self._layouts[key]), self.space.objective))
 
     def _confirmation(self) -> ParallelLayout | None:
-        """The next layout to confirm at full scale, if now is the time for one."""
-        waiting = {
-            key: value * self.correction
-            for key, value in self._predicted.items()
-            if key not in self._measured and key not in self._full_running
-            and key not in self._judged
-        }  # fmt: skip
+        """The next layout to confirm at full scale, if now is the time for one: the one
+        highest at :data:`CONFIRM_SPREADS` spreads above its expected figure, when that is
+        above the best confirmed figure by ``margin`` (by nothing when no later trial could
+        confirm it instead). Where the proxies' spread is wider than the gap they must
+        decide, the layouts they cannot tell apart are all measured at full scale: a
+        campaign by proxies then searches as a full-scale one would, among its best."""
+        waiting = self._waiting()
         if not waiting:
             return None
-        key = max(waiting, key=lambda k: waiting[k])
-        if self._reserved():  # the best of every proxy started, once they are all in
-            best = max((v for v in self._measured.values() if v is not None), default=None)
-            if self._proxy_running or (
-                best is not None and not self._may_beat_last(waiting[key], best)
-            ):
+        best = self._best()
+        if self._reserved() or self._dry:  # every proxy started: the best, once all are in
+            if self._proxy_running or (self._dry and self._full_running):
+                return None
+            key = max(waiting, key=lambda k: waiting[k][0] * math.exp(2 * waiting[k][1]))
+            if best is not None and not self._may_beat_last(*waiting[key], best):
                 return None
             return self._layouts[key]
         if self._full_running or (len(self._predicted) < self._wave and self._proxy_running):
             return None
-        best = max((v for v in self._measured.values() if v is not None), default=None)
-        optimistic = waiting[key] * math.exp(learned_spread(self._pairs))
-        if best is None or optimistic > best * (1 + self.margin):
+        up = CONFIRM_SPREADS
+        key = max(waiting, key=lambda k: waiting[k][0] * math.exp(up * waiting[k][1]))
+        expected, spread = waiting[key]
+        if best is None or expected * math.exp(up * spread) > best * (1 + self.margin):
             return self._layouts[key]
         return None
 
@@ -443,18 +568,23 @@ class ProxyPhase(Strategy):
         tell the wrapped strategy what they say of each layout at full scale."""
         observed: list[tuple[ParallelLayout, TrialResult]] = []
         told: list[tuple[ParallelLayout, Objective]] = []
+        self._dry = False  # news: the wrapped strategy may propose again
         for record, result in finished:
             key = record.layout.key()
             run = self._runs.pop(key, None)
             if run is not None and run.since is not None and self.clock and result.ok:
                 self._durations.append((run.step_s, self.clock() - run.since))
+            self._learn_memory(record, result)
             value = result.objective(self.space.objective)
             if record.proxy_dp is not None:
                 self._proxy_running.discard(key)
                 # Not a verdict when the smaller shard may be why: a larger proxy tells. With
-                # none, only a full-scale trial could, and those are kept for confirmations:
-                # the wrapped strategy hears it ran out.
-                if result.status is TrialState.OOM and self._retried(record):
+                # none, the layout waits for a full-scale trial, as its estimate deserves;
+                # the wrapped strategy hears nothing of it until then (an out-of-memory
+                # would teach it that full scale does not fit).
+                if result.status is TrialState.OOM and not self._condemns(record):
+                    if not self._retried(record):
+                        self._estimate_only.add(key)
                     continue
                 if isinstance(value, float):
                     correction = float(result.metrics.get("fidelity", {}).get("correction", 1))
@@ -468,10 +598,13 @@ class ProxyPhase(Strategy):
             else:
                 self._full_running.discard(key)
                 self._measured[key] = value if isinstance(value, float) else None
-                if key in self._predicted:
-                    if isinstance(value, float):
-                        self._pairs.append((self._predicted[key], value))
+                if isinstance(value, float):
+                    self._estimate_pairs.append((self._estimated(key), value))
+                if key in self._predicted and isinstance(value, float):
+                    self._pairs.append((self._predicted[key], value))
                     continue  # the wrapped strategy was told of it by its proxy
+                # A confirmation that failed is told too: it heard the proxy's figure, and
+                # now what full scale says of the layout's memory or time.
             observed.append((record.layout, result))
             told.append((record.layout, value))
         if told:
@@ -479,12 +612,12 @@ class ProxyPhase(Strategy):
             self.inner.tell(told)
 
     def _retried(self, record: TrialLike) -> bool:
-        """Whether a proxy's out-of-memory is measured again on a larger proxy (when
-        nothing condemns the layout and one is left)."""
-        space, dp = self.space, record.proxy_dp
-        if dp is None or self._condemns(record):
+        """Whether a proxy's out-of-memory (one that condemns nothing at full scale) is
+        measured again on a larger proxy: when one is left that is expected to fit."""
+        dp = record.proxy_dp
+        if dp is None:
             return False
-        if choose_proxy(space.model, record.layout, space.allocation, space.estimate, dp + 1):
+        if self._proxy_plan(record.layout, dp + 1):
             self._retry[record.layout.key()] = dp + 1
             return True
         return False
@@ -502,8 +635,9 @@ class ProxyPhase(Strategy):
         """Count a trial as started (at ``since`` on the clock, when known: not on replay)."""
         key = layout.key()
         self._made += 1
-        if self._opens and self._made == 1 and proxy_dp is None:
+        if proxy_dp is None and self._opening_wanted():
             self._opening = key
+            self._openings += 1
         self._layouts[key] = layout
         self._retry.pop(key, None)
         (self._full_running if proxy_dp is None else self._proxy_running).add(key)
@@ -551,7 +685,19 @@ class ProxyPhase(Strategy):
 
     @property
     def settled(self) -> bool:
-        return self.inner.settled
+        """Whether the campaign may end before its budget: the wrapped strategy expects no
+        untried layout to beat the best, and no layout a proxy measured (or whose proxies
+        ran out of memory) may beat it within two spreads. :meth:`ask` confirms those
+        first, so ``--settle`` never stops while one of higher expected gain is untried
+        at full scale."""
+        best = self._best()
+        return (
+            self.inner.settled
+            and best is not None
+            and not any(
+                self._may_beat_last(*expected, best) for expected in self._waiting().values()
+            )
+        )
 
     def close(self) -> None:
         self.inner.close()
