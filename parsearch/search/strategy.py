@@ -365,14 +365,13 @@ class GuidedStrategy(Strategy):
         fits = self.estimate.fits()
         in_time = self.estimate.in_time()
         expected = self._expected()
-        scores = self._scores(*expected)
-        key = (-scores, ~in_time)
+        key = (-self._scores(*expected), ~in_time)
         if self.keep_predicted_oom:
             order = np.lexsort((*key, ~fits))
         else:
             allowed = np.flatnonzero(fits)
             order = allowed[np.lexsort(tuple(column[allowed] for column in key))]
-            order = self._with_rescues(order, fits, in_time, scores)
+            order = self._with_rescues(order, fits, in_time, expected)
         if self._settling():
             order = order[self._hopeful(*expected)[order]]
         return order
@@ -384,28 +383,37 @@ class GuidedStrategy(Strategy):
         return self._estimate_fits & ~fits & (probability >= RESCUE_PROBABILITY)
 
     def _with_rescues(
-        self, order: np.ndarray, fits: np.ndarray, in_time: np.ndarray, scores: np.ndarray
+        self,
+        order: np.ndarray,
+        fits: np.ndarray,
+        in_time: np.ndarray,
+        expected: tuple[np.ndarray, np.ndarray | None, np.ndarray | None],
     ) -> np.ndarray:
         """``order`` with the untried layouts pruned only by inference merged in, each
         before the first untried allowed one whose expected gain it beats.
 
         The expected gain of a layout is its probability of fitting
         (:meth:`~parsearch.search.calibration.CalibratedEstimate.fit_probability`) times
-        how far its score is above the best measured objective. A layout predicted above
-        the best, pruned because the wall its neighbours hit might be lower than it needs,
-        is then measured before the budget goes to layouts predicted below the best (which
-        gain nothing), and not while an allowed layout is expected to gain as much.
+        its expected improvement over the best measured objective, the calibrated objective
+        times the residual field's posterior
+        (:func:`~parsearch.search.residual.log_expected_improvement`).
+        A layout pruned because the wall its neighbours hit might be lower than it needs
+        is then measured before the budget goes to layouts predicted far below it (which
+        can gain little), and not while an allowed layout is expected to gain as much.
         """
+        objective, mean, spread = expected
         best = self.plateau.best
-        if best <= 0:
+        if best <= 0 or mean is None or spread is None:
             return order
         probability = self.estimate.fit_probability()
         unseen = np.fromiter((key not in self.seen for key in self._keys), dtype=bool)
-        gain = probability * np.maximum(scores / best - 1.0, 0.0)
         candidates = np.flatnonzero(self._rescuable(fits, probability) & unseen & in_time)
-        candidates = candidates[gain[candidates] > 0]
         if not len(candidates):
             return order
+        kappa = self.explore if self.plateau.stuck else 0.0
+        log_mean = np.log(objective) + mean + kappa * spread
+        improvement = np.exp(log_expected_improvement(log_mean, spread, np.log(best)))
+        gain = probability * improvement
         rescues = candidates[np.argsort(-gain[candidates], kind="stable")]
         merged: list[int] = []
         taken = 0
@@ -414,7 +422,6 @@ class GuidedStrategy(Strategy):
                 merged.append(int(rescues[taken]))
                 taken += 1
             merged.append(int(item))
-        merged += [int(item) for item in rescues[taken:]]
         return np.array(merged, dtype=int)
 
     def _expected(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
