@@ -1,4 +1,4 @@
-"""How long a trial's processes outlive a ``kill -9`` of the driver (the README's bound).
+"""How long a trial's processes outlive a ``kill -9`` of the driver (docs/guide/store.md's bound).
 
 Starts a local campaign of the built-in trainer on ``search_spaces/tiny-cpu.yaml`` and sends
 the driver SIGKILL, then polls /proc every millisecond until no process the driver had
