@@ -249,7 +249,7 @@ def test_the_first_wave_is_confirmed_when_all_in_then_only_a_likely_gain():
     assert phase.correction == pytest.approx(1.0)
     c, d = phase.ask(2)
     assert c.proxy is not None and d.proxy is not None
-    finish(phase, c, 0.53)  # 6% slower: even 5% more (its spread) is within the margin
+    finish(phase, c, 0.6)  # 17% slower: even two spreads up (19%) are within the margin
     (e,) = phase.ask(1)
     assert e.proxy is not None
     finish(phase, d, 0.25)  # twice as fast: confirmed next
@@ -407,18 +407,18 @@ def test_settle_does_not_stop_while_a_proxy_may_still_beat_the_best():
     a, b = first_wave(phase, 2)
     best, _ = finish(phase, a, 1.0)
     tokens = b.layout.dp * b.layout.mbs * b.layout.gas * space.model.seq_length
-    close, _ = finish(phase, b, tokens / (0.92 * best.objective))  # 8% below a's
+    close, _ = finish(phase, b, tokens / (0.86 * best.objective))  # 14% below a's
     (confirm,) = phase.ask(1)
     assert confirm.origin == "confirm" and confirm.layout == a.layout
     finish(phase, confirm, best.objective)
-    (c,) = phase.ask(1)  # b is within the margin: proxies go on
+    (c,) = phase.ask(1)  # b, two spreads up (19%), is within the margin: proxies go on
     assert c.proxy is not None and c.layout == listed[2]
     finish(phase, c, 10.0)  # far slower; the wrapped strategy has nothing left
     assert not phase.settled  # b may beat a within two spreads
     (last,) = phase.ask(1)
     assert last.origin == "confirm" and last.layout == close.layout
     assert phase.ask(1) == []
-    finish(phase, last, 0.92 * best.objective)
+    finish(phase, last, 0.86 * best.objective)
     assert phase.ask(1) == [] and phase.settled
 
 

@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from parsearch.config import ParallelLayout
 from parsearch.estimate.proxy import (
+    PRIOR_SPREAD,
     ProxyPlan,
     fidelity_record,
     full_scale_figures,
@@ -94,6 +95,12 @@ DRAIN_SAFETY = 1.2  # a drain fill must be expected to end this much before the 
 # spread (one chance in six of being above) leaves the optimum unconfirmed too often
 # (``benchmarks/README.md``, proxy campaigns).
 CONFIRM_SPREADS = 2.0
+# One run's throughput from the next (noise, placement): a proxy's prediction compares two
+# runs, so it cannot miss full scale by less than about sqrt(2) of this, whatever a few
+# confirmations that happened to agree say; the prior adds the estimate's DP-reduction error.
+RUN_NOISE = 0.05
+SPREAD_FLOOR = math.sqrt(2) * RUN_NOISE
+PROXY_PRIOR_SPREAD = math.sqrt(PRIOR_SPREAD**2 + SPREAD_FLOOR**2)
 
 
 def expected_run_s(runs: Sequence[tuple[float, float]], step_s: float) -> float | None:
@@ -171,6 +178,13 @@ class ProxyPhase(Strategy):
     def correction(self) -> float:
         """Full-scale measured over proxy-predicted throughput, learnt from confirmations."""
         return learned_correction(self._pairs)
+
+    @property
+    def spread(self) -> float:
+        """How far (log) a corrected proxy prediction may miss full scale: the spread of the
+        confirmations' misses about the correction, pooled with :data:`PROXY_PRIOR_SPREAD`
+        (:func:`learned_spread`), never below :data:`SPREAD_FLOOR`."""
+        return max(learned_spread(self._pairs, prior=PROXY_PRIOR_SPREAD), SPREAD_FLOOR)
 
     def ask(self, n: int) -> list[Proposal]:
         proposals: list[Proposal] = []
@@ -481,7 +495,7 @@ class ProxyPhase(Strategy):
         out-of-memory condemns nothing at full scale when full scale holds less per rank:
         the layout competes on what the estimate expects of it."""
         done = self._measured.keys() | self._full_running | self._judged
-        correction, spread = self.correction, learned_spread(self._pairs)
+        correction, spread = self.correction, self.spread
         waiting = {
             key: (value * correction, spread)
             for key, value in self._predicted.items()
