@@ -199,6 +199,7 @@ VARIANTS = (
     Variant("cbo-top-128", region=128),
     # DeepHyper on the raw objective with its own surrogate (the default before issue 27):
     Variant("cbo-raw-frame", cbo_frame="raw"),
+    Variant("ucb-constant", cbo=CBOSettings(kappa_schedule="constant")),  # kappa 1.96 always
     Variant("rf-surrogate", cbo=CBOSettings(surrogate_model="RF"), cbo_frame="raw"),
     Variant("mixedga", cbo=CBOSettings(acq_optimizer="mixedga")),
     Variant("8-slots-topk", slots=8),

@@ -65,6 +65,9 @@ class CBOSettings:
     multi_point_strategy: str = "topk"
     kappa: float = 1.96
     n_points: int = 10_000
+    # DeepHyper's schedule of kappa ("constant", "bandit", "periodic-exp-decay"); ``None``:
+    # DeepHyper's default (periodic-exp-decay: 1.96 down to 0.01 over 10 asks, repeated).
+    kappa_schedule: str | None = None
 
 
 class BayesianOptimizer:
@@ -127,6 +130,9 @@ class BayesianOptimizer:
         self._log_dir = owned_tempdir("cbo")  # removed by a later run if this one is killed
         acq_optimizer_kwargs: dict[str, Any] = {"n_points": n_points, "max_total_failures": -1}
         surrogate: Any = self._settings.surrogate_model
+        acq_func_kwargs: dict[str, Any] = {"kappa": self._settings.kappa}
+        if self._settings.kappa_schedule is not None:
+            acq_func_kwargs["scheduler"] = {"type": self._settings.kappa_schedule}
         extra: dict[str, Any] = {}
         if self._frame is not None:
             from parsearch.search.surrogate import EstimateSurrogate
@@ -143,7 +149,7 @@ class BayesianOptimizer:
             surrogate_model=surrogate,
             acq_optimizer=self._settings.acq_optimizer,
             acq_optimizer_kwargs=acq_optimizer_kwargs,
-            acq_func_kwargs={"kappa": self._settings.kappa},
+            acq_func_kwargs=acq_func_kwargs,
             multi_point_strategy=self._settings.multi_point_strategy,
             n_initial_points=self._n_initial_points,
             **extra,
