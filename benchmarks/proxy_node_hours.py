@@ -26,7 +26,7 @@ seeds where that is 4 or more (where proxies have something to save).
 
     .venv/bin/python benchmarks/proxy_node_hours.py [--seeds 10] [--budget 24]
         [--proxy-budget 2] [--spaces gpt-175b-frontier gpt-1t-frontier]
-        [--truths rescaled independent field dp-skew dp-wall] [--memory "as is"]
+        [--truths rescaled independent field dp-skew dp-wall] [--memory "as is"] [--settle]
 """
 
 from __future__ import annotations
@@ -154,7 +154,13 @@ class Outcome:
 
 
 def campaign(
-    space_name: str, truth_name: str, seed: int, budget: int, proxy: bool, memory: float = 1.0
+    space_name: str,
+    truth_name: str,
+    seed: int,
+    budget: int,
+    proxy: bool,
+    memory: float = 1.0,
+    settle: bool = False,
 ) -> Outcome:
     space = space_named(space_name)
     truth = ALL_TRUTHS[truth_name](space, seed, memory)
@@ -163,7 +169,14 @@ def campaign(
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "p.db"
         parsearch.run_campaign(
-            space, db, backend=backend, strategy="default", budget=budget, seed=seed, proxy=proxy
+            space,
+            db,
+            backend=backend,
+            strategy="default",
+            budget=budget,
+            seed=seed,
+            proxy=proxy,
+            settle=settle,
         )
         with open_store(db, readonly=True) as store:
             campaign = store.get_campaign()
@@ -296,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--truths", nargs="+", default=DEFAULT_TRUTHS, choices=list(ALL_TRUTHS))
     parser.add_argument("--memory", default="as is", choices=list(MEMORY))
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--settle", action="store_true", help="both campaigns run --settle")
     args = parser.parse_args(argv)
     outcomes = []
     memory = MEMORY[args.memory]
@@ -304,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for proxy in (False, True):
                     budget = round(args.budget * args.proxy_budget) if proxy else args.budget
-                    outcome = campaign(space, truth, seed, budget, proxy, memory)
+                    outcome = campaign(space, truth, seed, budget, proxy, memory, args.settle)
                     outcomes.append(outcome)
                     print(replace(outcome, confirmed=()), file=sys.stderr, flush=True)
     print(summarise(outcomes))
