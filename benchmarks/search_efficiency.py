@@ -61,6 +61,7 @@ from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
 from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate
+from parsearch.search.factory import make_strategy
 from parsearch.search.optimizer import CBOSettings
 from parsearch.search.residual import CATEGORY_DISTANCE, NUMERIC, ResidualField
 from parsearch.search.strategy import (
@@ -69,7 +70,6 @@ from parsearch.search.strategy import (
     Proposal,
     RandomStrategy,
     Strategy,
-    make_strategy,
 )
 from parsearch.space import SearchSpace, load_space
 from parsearch.store import TrialRecord, open_store

@@ -6,13 +6,13 @@ import pytest
 
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import raw_layout
+from parsearch.search.factory import make_strategy
 from parsearch.search.strategy import (
     SETTLE_SPREADS,
     GuidedStrategy,
     RandomStrategy,
     RawCBOStrategy,
     StrategyError,
-    make_strategy,
 )
 from parsearch.space import load_space
 

@@ -25,7 +25,7 @@ import pytest
 
 from parsearch.cli import build_parser
 from parsearch.errors import StoreError
-from parsearch.search.strategy import make_strategy
+from parsearch.search.factory import make_strategy
 from parsearch.space import load_space
 from parsearch.store import open_store
 

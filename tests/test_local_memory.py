@@ -127,6 +127,6 @@ def test_fit_probability_weighs_inference_and_trusts_measurements(space):
     estimate.out_of_memory(estimate.items[first].layout)
     after = local.fit_probability(predicted, limit, 0.05)
     assert after[twin] == 0.0 and after[heavier].max() == 0.0
-    assert 0.0 < after[slightly].min() and after[slightly].max() < 0.7
+    assert after[slightly].min() > 0.0 and after[slightly].max() < 0.7
     assert (after[slightly] < before[slightly]).all()
     assert after[far].min() > 0.99

@@ -16,7 +16,7 @@ from truths import REPLAY_CSV, REPLAY_DIR, PublishedSweep, TruthBackend
 import parsearch
 from parsearch.config import ParallelLayout
 from parsearch.result import TrialState
-from parsearch.search.strategy import make_strategy
+from parsearch.search.factory import make_strategy
 from parsearch.store import open_store
 
 SWEEPS = sorted(path.stem for path in REPLAY_DIR.glob("*.yaml"))

@@ -12,8 +12,9 @@ from parsearch.cli import main
 from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import MemoryCalibration
+from parsearch.search.factory import make_strategy
 from parsearch.search.local_memory import MAX_MARGIN
-from parsearch.search.strategy import StrategyError, make_strategy
+from parsearch.search.strategy import StrategyError
 from parsearch.search.warm_start import (
     MARGIN_PER_STEP,
     SAME_SHAPE_MARGIN,

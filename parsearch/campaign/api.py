@@ -23,8 +23,9 @@ from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.session import CampaignSettings, SessionSummary, _Parts, start_campaign
+from parsearch.search.factory import make_strategy
 from parsearch.search.proxy_phase import ProxyPhase
-from parsearch.search.strategy import Strategy, make_strategy
+from parsearch.search.strategy import Strategy
 from parsearch.space import SearchSpace, load_space
 
 

@@ -33,7 +33,8 @@ from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
 from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.scaling import chosen_campaign
-from parsearch.search.strategy import Strategy, make_strategy
+from parsearch.search.factory import make_strategy
+from parsearch.search.strategy import Strategy
 from parsearch.space import (
     SearchSpace,
     apply_profile,

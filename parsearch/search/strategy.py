@@ -169,8 +169,8 @@ class Strategy(abc.ABC):
 
     def campaign_settings(self) -> dict[str, str | bool]:
         """What a campaign stores of this strategy so that ``resume`` rebuilds it
-        (:func:`make_strategy`'s arguments): its name, whether it measures by proxies and
-        whether it settles (a ``settle`` setting that is not ``None``)."""
+        (:func:`~parsearch.search.factory.make_strategy`'s arguments): its name, whether it
+        measures by proxies and whether it settles (a ``settle`` setting that is not ``None``)."""
         return {
             "strategy": self.name,
             "proxy": False,
@@ -681,41 +681,3 @@ STRATEGIES: dict[str, type[Strategy]] = {
     RawCBOStrategy.name: RawCBOStrategy,
     RandomStrategy.name: RandomStrategy,
 }
-
-
-def make_strategy(
-    name: str,
-    space: SearchSpace,
-    *,
-    seed: int,
-    keep_predicted_oom: bool = False,
-    warm_start: WarmStart | None = None,
-    settle: bool = False,
-    proxy: bool = False,
-) -> Strategy:
-    """The strategy called ``name`` for ``space``; ``keep_predicted_oom``, ``warm_start``
-    (another campaign's measurements, see :func:`parsearch.query.load_warm_start`, which
-    calibrate the estimate) and ``settle`` (end once no untried layout could beat the best,
-    :data:`SETTLE_SPREADS`) apply to ``default`` only; ``proxy`` measures its proposals by
-    proxy trials first (:class:`~parsearch.search.proxy_phase.ProxyPhase`)."""
-    if name not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
-    if name != GuidedStrategy.name:
-        if warm_start is not None:
-            raise StrategyError(f"--warm-start needs the default strategy, not {name!r}")
-        if settle:
-            raise StrategyError(f"--settle needs the default strategy, not {name!r}")
-        strategy: Strategy = STRATEGIES[name](space, seed=seed)
-    else:
-        strategy = GuidedStrategy(
-            space,
-            seed=seed,
-            keep_predicted_oom=keep_predicted_oom,
-            warm_start=warm_start,
-            settle=SETTLE_SPREADS if settle else None,
-        )
-    if not proxy:
-        return strategy
-    from parsearch.search.proxy_phase import ProxyPhase  # it wraps a Strategy: built on this
-
-    return ProxyPhase(strategy)
