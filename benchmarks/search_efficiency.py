@@ -12,12 +12,15 @@ at once), for ``--budget`` trials. The strategies:
 
 **What "true" means.** The machine is *not* the estimate: :mod:`truths` has a rescaled
 estimate, an independent analytic model written from the papers and the estimate times a
-smooth random field, each with three memory directions (as is, x1.2, x0.85) and a
-per-layout noise. The exhaustive optimum of a cell is the best the truth reports over
-every layout that divides; reaching 97% of it means a trial measured at least 0.97 of it.
-Beside it, trials to a *layout* within 3% of the best layout, both judged by their noiseless
-throughput (:meth:`Outcome.trials_to_layout_target`): where layouts tie within the noise,
-the first criterion rewards finding the luckiest draw, the second finding a good layout.
+smooth random field, each with three memory directions (as is, x1.2, x0.85) and a per-layout
+noise; a memory wall (the independent model with the optimum at 99.4% of the device where
+the estimate sees room, its own memory only); and published sweeps replayed. Each cell's
+table row also says which source of proposals made each first hit. The exhaustive optimum of
+a cell is the best the truth reports over every layout that divides; reaching 97% of it
+means a trial measured at least 0.97 of it. Beside it, trials to a *layout* within 3% of the
+best layout, both judged by their noiseless throughput
+(:meth:`Outcome.trials_to_layout_target`): where layouts tie within the noise, the first
+criterion rewards finding the luckiest draw, the second finding a good layout.
 
 Trials are every proposal the driver records, including raw-space layouts that do not
 divide (``infeasible``: recorded without running). ``random``'s trials to target beyond the
