@@ -17,6 +17,7 @@ product of the searched dimensions, with nothing pruned and nothing seeded.
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -501,12 +502,17 @@ class GuidedStrategy(Strategy):
         proposed = 0
         if self.optimizer is not None and wanted:
             allowed = {c.key: c for c in ranked}
+            # DeepHyper's turn goes to a layout the ranking would not propose next (its own
+            # picks of this ask and the one after): in the estimate's frame its acquisition
+            # often agrees with the ranking, and a turn that repeats it explores nothing.
+            untaken = (c.key for c in ranked if c.key not in taken)
+            own = set(itertools.islice(untaken, rest - wanted + 1))
             # DeepHyper does not know which of its earlier proposals still run; asking for
             # that many more lets a batch strategy (topk) skip them and still fill ``n``.
-            for point in self.optimizer.ask(wanted + len(self._pending)):
+            for point in self.optimizer.ask(wanted + len(self._pending) + len(own)):
                 layout = self.space.layout_from_point(point)
                 candidate = allowed.get(layout.key()) if layout else None
-                if candidate is None or candidate.key in taken:
+                if candidate is None or candidate.key in taken or candidate.key in own:
                     continue
                 taken.add(candidate.key)
                 proposed += 1
