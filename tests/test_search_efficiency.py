@@ -72,9 +72,11 @@ def test_default_finds_the_optimum_with_a_wrong_memory_estimate(tmp_path, option
     ooms = sum(t.state is TrialState.OOM for t in trials)
     assert ooms <= 0.15 * BUDGET
     if options["mem_factor"] == "0.75":
-        # The optimum is one the uncalibrated estimate would never have run.
+        # The optimum is one the uncalibrated estimate would never have run, and so is the
+        # first trial that reached 97% of it (a layout the estimate prunes; the best
+        # measurement may later come from a layout within the noise of it that fits).
         assert not space.fits(space.predict(best_layout))
-        found = max(trials, key=lambda t: t.objective or 0.0)
+        found = next(t for t in trials if (t.objective or 0.0) >= 0.97 * optimum)
         assert not space.fits(space.predict(found.layout))
 
 
