@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Iterator
 
 import deepspeed
@@ -156,3 +158,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # A clean run ends here. Under load, a thread DeepSpeed's ZeRO-3 leaves behind can still
+    # abort the interpreter's teardown ("terminate called without an active exception",
+    # SIGABRT) after every figure was printed; skipping the C++ destructors keeps a finished
+    # run's exit status 0. A failure raised in main() still exits as before.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
