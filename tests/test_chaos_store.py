@@ -69,7 +69,12 @@ def _kill_inside_a_write(
         pass  # spin: a transaction lasts milliseconds
     writer.send_signal(signal.SIGKILL)
     hot = journal.exists()
-    out, _ = writer.communicate(timeout=30)
+    # Read through the same buffered file as the readline above: it may already hold the
+    # first committed lines (communicate() with a timeout reads the pipe itself and would
+    # lose them).
+    out = writer.stdout.read()
+    writer.stdout.close()
+    writer.wait(timeout=30)
     committed = {}
     for line in out.splitlines():
         number, gas = map(int, line.split())
