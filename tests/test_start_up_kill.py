@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from process_census import marked
+from process_census import child_pids_alive, marked
 
 from parsearch.launch import prefork
 from parsearch.launch.guard import descendants
@@ -50,19 +50,11 @@ def _server_of(agent: subprocess.Popen, timeout_s: float = 30.0) -> int:
 
 def _gone_within(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while _alive(pid):
+    while child_pids_alive([pid]):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_fork_server_still_importing_dies_with_its_agent_killed_with_sigkill(tmp_path):
@@ -84,7 +76,7 @@ def test_a_fork_server_still_importing_dies_with_its_agent_killed_with_sigkill(t
     try:
         server = _server_of(agent)
         time.sleep(0.5)  # into the import
-        assert _alive(server)
+        assert child_pids_alive([server])
     finally:
         agent.kill()
         agent.wait()

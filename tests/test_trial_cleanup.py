@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from process_census import survivors
+from process_census import child_pids_alive, survivors
 
 from parsearch.launch import guard
 
@@ -140,14 +140,6 @@ def test_kill_9_of_the_driver_ends_the_builtin_trainers_ranks_within_a_second_or
         driver.kill()
         killed = time.monotonic()
         driver.wait()
-    while left := [pid for pid in victims if _alive(pid)]:
+    while left := child_pids_alive(victims):
         assert time.monotonic() - killed < 3.0, f"the trial's processes {left} outlive it"
         time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
