@@ -60,8 +60,8 @@ from truths import (
 )
 
 from parsearch.campaign.api import run_campaign
+from parsearch.campaign.warm_start import load_warm_start
 from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
-from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.factory import make_strategy

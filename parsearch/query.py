@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S
-from parsearch.errors import ParsearchError, StoreError
+from parsearch.errors import StoreError
 from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import TrialState
 from parsearch.scaling import chosen_campaign
@@ -31,8 +31,6 @@ from parsearch.store import (
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from parsearch.search.warm_start import WarmStart
 
 # Finishing rate from the last trials only: a resumed campaign's rate is the current one.
 RATE_WINDOW = 20
@@ -182,23 +180,6 @@ def stored_backend(store_path: str | Path, name: str | None) -> str | None:
             return chosen_campaign(store, name).backend
     except StoreError:
         return None
-
-
-def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
-    """The measurements of campaign ``name`` (default: the newest) of the store at ``path``,
-    for ``--warm-start``."""
-    from parsearch.search.warm_start import WarmStartError, warm_start_from  # numpy
-
-    path = Path(path)
-    if not path.is_file():
-        raise WarmStartError(f"--warm-start: no store at {path}")
-    try:
-        with open_store(path, readonly=True) as store:
-            campaign = chosen_campaign(store, name)
-            trials = store.trials(campaign.id, states=[TrialState.OK, TrialState.OOM])
-    except ParsearchError as error:
-        raise WarmStartError(f"--warm-start {path}: {error}") from None
-    return warm_start_from(campaign, trials, str(path))
 
 
 def status_document(progress: CampaignProgress, failures: Sequence[FailureGroup] = ()) -> dict:

@@ -36,6 +36,7 @@ from parsearch.exclusions import Exclusion, exclusion_reasons, parse_exclusions
 from parsearch.inputs import name_problem
 from parsearch.profiles import load_profile, resolve
 from parsearch.space_file import read_document
+from parsearch.trainers import TRAINER_KINDS
 from parsearch.units import count_of, format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
@@ -598,8 +599,6 @@ class _Reader:
     def trainer(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.error("trainer", f"must be a mapping, got {type(value).__name__}")
-        from parsearch.trainers import TRAINER_KINDS
-
         kind = value.get("kind", "builtin")
         if not isinstance(kind, str) or kind not in TRAINER_KINDS:
             raise self.error("trainer.kind", f"must be one of {list(TRAINER_KINDS)}, got {kind!r}")

@@ -18,8 +18,8 @@ from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import TAIL_BYTES, NodeRun, free_port, run_local, run_node
 from parsearch.result import TrialState
-from parsearch.trainers import node_run
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import node_run
 
 
 def make_spec(world: int = 2, per_node: int | None = None, timeout_s: float = 30.0, **kw):

@@ -17,9 +17,9 @@ from parsearch.estimate import EstimateSettings, memory_by_stage
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import node_run
 from parsearch.trainers.builtin import run_trial
 from parsearch.trainers.builtin.plain import plain_training
+from parsearch.trial_kinds import node_run
 
 pytestmark = pytest.mark.multiprocess
 
@@ -145,7 +145,7 @@ def test_forked_ranks_die_with_the_process_that_started_them(tmp_path):
         "from pathlib import Path\n"
         "from parsearch.launch.placement import NodePlacement\n"
         "from parsearch.launch.process import free_port\n"
-        "from parsearch.trainers import node_run\n"
+        "from parsearch.trial_kinds import node_run\n"
         "from parsearch.trial import TrialSpec\n"
         "d = Path(sys.argv[1])\n"
         "spec = TrialSpec.from_json((d / 'trial.json').read_text())\n"

@@ -20,7 +20,6 @@ from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
-from parsearch.trainers import merge_results, node_run
 from parsearch.trainers.command.trainer import (
     CommandNode,
     CommandSettings,
@@ -29,6 +28,7 @@ from parsearch.trainers.command.trainer import (
     validate_section,
 )
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import merge_results, node_run
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 ROOT = Path(__file__).resolve().parent.parent

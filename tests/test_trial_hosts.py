@@ -10,9 +10,9 @@ from parsearch.backends.local import LocalBackend
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.launch.node import NodeOrder, NodeSlot
 from parsearch.space import space_from_dict
-from parsearch.trainers import node_run
 from parsearch.trainers.command.trainer import validate_section
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import node_run
 
 # Prints what the template passed it, as a launcher would receive it, then exits non-zero
 # (no metrics: the trial is an error, which does not matter here).
@@ -82,7 +82,7 @@ def test_a_single_trial_on_this_machine_names_this_host_as_a_campaign_would(tmp_
     """``parsearch trial`` places its nodes on the loopback rendezvous without hosts."""
     from parsearch.launch.placement import NodePlacement
     from parsearch.launch.process import run_local
-    from parsearch.trainers import plan_node
+    from parsearch.trial_kinds import plan_node
 
     host = socket.gethostname()
     assert NodePlacement(spec(2), 0, 2, "127.0.0.1", 1, tmp_path).hosts == (host, host)

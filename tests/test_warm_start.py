@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
+from parsearch.campaign.warm_start import load_warm_start
 from parsearch.cli import main
-from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.search.calibration import MemoryCalibration
 from parsearch.search.factory import make_strategy

@@ -37,10 +37,11 @@ from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.guard import guarded
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port, visible_devices_var
+from parsearch.rank_program import uses_gpu
 from parsearch.result import TrialResult, TrialState
 from parsearch.tempdirs import owned_tempdir
-from parsearch.trainers import merge_results, node_run, uses_gpu
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import merge_results, node_run
 
 if TYPE_CHECKING:
     from parsearch.space import SearchSpace

@@ -46,8 +46,8 @@ from parsearch.backends.mpi_worker import (
 from parsearch.errors import BackendError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import merge_results, node_run
 
 if TYPE_CHECKING:
     from parsearch.space import SearchSpace

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.launch.node import NodeSlot
-from parsearch.trainers import node_run
+from parsearch.trial_kinds import node_run
 
 TAG = 0x7073
 BEAT_TAG = 0x7074

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from parsearch.backends import Finished, check_options, positive_option
 from parsearch.errors import BackendError, BackendOptionError
 from parsearch.launch.node import NodeDone, NodeOrder, NodeSlot, NodeStarted
+from parsearch.rank_program import uses_gpu
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers import merge_results, node_run, uses_gpu
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import merge_results, node_run
 
 if TYPE_CHECKING:
     from parsearch.space import SearchSpace

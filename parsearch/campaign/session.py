@@ -27,10 +27,10 @@ from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_t
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
+from parsearch.campaign.warm_start import load_warm_start
 from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, UsageError
 from parsearch.estimate.profile import profile_from_dict, profile_to_dict
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
-from parsearch.query import load_warm_start
 from parsearch.result import TrialState
 from parsearch.scaling import chosen_campaign
 from parsearch.search.factory import make_strategy

@@ -33,8 +33,8 @@ from parsearch.sanitize import shown
 from parsearch.search.candidates import layout_problems, raw_layout
 from parsearch.space import SearchSpace, load_space
 from parsearch.tempdirs import owned_tempdir
-from parsearch.trainers import merge_results, node_run
 from parsearch.trial import TrialSpec
+from parsearch.trial_kinds import merge_results, node_run
 
 # At most 9 digits: a size no layout reaches, and int() of thousands of digits is refused.
 _TOKEN = re.compile(r"^(tp|pp|dp|mbs|gas|z|zero|vpp)(\d{1,9})$|^rc=(\w+)$|^(sp)$")

@@ -29,10 +29,11 @@ def make_strategy(
     proxy: bool = False,
 ) -> Strategy:
     """The strategy called ``name`` for ``space``; ``keep_predicted_oom``, ``warm_start``
-    (another campaign's measurements, see :func:`parsearch.query.load_warm_start`, which
-    calibrate the estimate) and ``settle`` (end once no untried layout could beat the best,
-    :data:`SETTLE_SPREADS`) apply to ``default`` only; ``proxy`` measures its proposals by
-    proxy trials first (:class:`~parsearch.search.proxy_phase.ProxyPhase`)."""
+    (another campaign's measurements, read by
+    :func:`parsearch.campaign.warm_start.load_warm_start`, which calibrate the estimate) and
+    ``settle`` (end once no untried layout could beat the best, :data:`SETTLE_SPREADS`) apply
+    to ``default`` only; ``proxy`` measures its proposals by proxy trials first
+    (:class:`~parsearch.search.proxy_phase.ProxyPhase`)."""
     if name not in STRATEGIES:
         raise StrategyError(f"unknown strategy {name!r}; valid: {sorted(STRATEGIES)}")
     if name != GuidedStrategy.name:

@@ -111,7 +111,7 @@ class WarmStart:
 
 def warm_start_from(campaign: Campaign, trials: Sequence[TrialRecord], where: str) -> WarmStart:
     """What ``campaign``'s ok and out-of-memory ``trials`` (read from the store at ``where``
-    by :func:`parsearch.query.load_warm_start`) teach about the estimate."""
+    by :func:`parsearch.campaign.warm_start.load_warm_start`) teach about the estimate."""
     source = f"campaign '{campaign.name}' in {where}"
     try:
         space = space_from_dict(campaign.space, source=source)
