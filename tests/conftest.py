@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from pathlib import Path
 
 import pytest
 from process_census import SHM, orphaned_segments
+from trials_seen import stores_seen
 
 _STARTED = pytest.StashKey[float]()
 
@@ -51,6 +53,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing test's report shows every trial of the stores it worked on (its
+    ``tmp_path`` and any path a fixture handed it): layout, state and error, whatever its
+    assertion printed."""
+    report = yield
+    if report.when == "call" and report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        paths = [value for value in funcargs.values() if isinstance(value, Path)]
+        seen = stores_seen(paths)
+        if seen:
+            report.sections.append(("trials in the test's stores", seen))
+    return report
 
 
 # mpich keeps its shared-memory segments in /dev/shm and unlinks them at MPI_Finalize; the

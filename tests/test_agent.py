@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import command_plan
 from process_census import child_pids_alive
+from trials_seen import trials_seen
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.launch.placement import NodePlacement
@@ -106,7 +107,7 @@ def test_default_command_without_result_is_an_error(tmp_path):
     run = node_run(NodePlacement(spec, 0, 1, "127.0.0.1", 1, tmp_path))
     run.command = py("print('no result written')")
     result = run.start().wait()
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "wrote no result.json" in result.error
 
 
@@ -121,7 +122,7 @@ def test_early_exit_kills_the_others_after_a_grace_period(tmp_path):
     run = start(make_spec(timeout_s=120), tmp_path, code, grace_s=1.0)
     result = run.wait()
     assert time.monotonic() - began < 15
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert result.error == "rank 1 exited with code 3"
     assert "rank 1 gives up" in result.log_tail
     assert child_pids_alive(run.pids) == []
@@ -130,7 +131,7 @@ def test_early_exit_kills_the_others_after_a_grace_period(tmp_path):
 def test_hang_is_killed_by_the_timeout(tmp_path):
     run = start(make_spec(timeout_s=1.5), tmp_path, "import time; time.sleep(600)")
     result = run.wait()
-    assert result.status is TrialState.TIMEOUT
+    assert result.status is TrialState.TIMEOUT, trials_seen([result])
     assert "timed out after 1.5 s" in result.error
     assert 1.5 <= result.duration_s < 15
     assert child_pids_alive(run.pids) == []
@@ -143,7 +144,7 @@ def test_rank_that_ignores_sigterm_is_killed(tmp_path):
     )
     run = start(make_spec(world=1, timeout_s=1.5), tmp_path, code)
     result = run.wait()
-    assert result.status is TrialState.TIMEOUT
+    assert result.status is TrialState.TIMEOUT, trials_seen([result])
     assert child_pids_alive(run.pids) == []
 
 
@@ -169,7 +170,7 @@ def test_huge_log_keeps_only_a_bounded_tail(tmp_path):
     )
     result = start(make_spec(world=1), tmp_path, code).wait()
     assert (tmp_path / "rank0.log").stat().st_size > 100 * 2**20
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert len(result.log_tail.encode()) <= TAIL_BYTES
     assert result.log_tail.endswith("the last words")
 
@@ -190,7 +191,7 @@ def test_out_of_memory_text_means_oom(tmp_path, message):
         "time.sleep(600)"
     )
     result = start(make_spec(), tmp_path, code, grace_s=0.5).wait()
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert result.error == "rank 1 ran out of memory"
     assert message in result.log_tail
 
@@ -199,7 +200,7 @@ def test_kill_cancels_a_running_node(tmp_path):
     run = start(make_spec(), tmp_path, "import time; time.sleep(600)")
     assert run.poll() is None
     result = run.kill()
-    assert result.status is TrialState.INTERRUPTED
+    assert result.status is TrialState.INTERRUPTED, trials_seen([result])
     assert run.poll() is result
     assert child_pids_alive(run.pids) == []
 
@@ -221,7 +222,7 @@ def test_run_local_fails_fast_when_one_node_fails(tmp_path):
     began = time.monotonic()
     result = run_local(spec, lambda where: command_plan(where, py(code)), tmp_path)
     assert time.monotonic() - began < 20
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "node 1 broke" in result.log_tail
     left = [p for p in os.listdir("/proc") if p.isdigit()]
     assert all(_cmdline(pid).find("node 1 broke") < 0 for pid in left)

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.backends import create_backend
 from parsearch.config import ParallelLayout
@@ -124,5 +125,5 @@ def test_a_timed_out_trial_leaves_no_process(tmp_path):
         (result,) = run_all(backend, [spec(space, "hang")]).values()
     finally:
         backend.close()
-    assert result.status is TrialState.TIMEOUT
+    assert result.status is TrialState.TIMEOUT, trials_seen([result])
     assert processes_with(marker) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.backends import Finished
 from parsearch.backends.simulate import SimulateBackend, SimulateSettings
@@ -64,7 +65,7 @@ def test_a_trial_whose_conclusion_raises_is_an_error_and_the_campaign_goes_on(tm
     for trial in failed:
         assert trial.error is not None
         assert "backend 'simulate' failed while concluding the trial: RuntimeError" in trial.error
-    assert all(t.state is TrialState.OK for t in trials if t.layout.tp != 2)
+    assert all(t.state is TrialState.OK for t in trials if t.layout.tp != 2), trials_seen(trials)
 
 
 def test_a_backend_whose_poll_raises_stops_the_campaign_resumably(tmp_path):

@@ -12,6 +12,7 @@ import time
 import pytest
 from bench_helpers import command_plan, fault_command, one_thread, tiny_spec
 from process_census import child_pids_alive
+from trials_seen import trials_seen
 
 from parsearch.estimate import EstimateSettings, memory_by_stage
 from parsearch.launch.placement import NodePlacement
@@ -86,7 +87,7 @@ def test_memory_cap_below_the_need_is_oom(tmp_path):
     spec = tiny_spec(1, 1, 2, trainer={"memory_cap_bytes": 1_000_000})
     run = node(spec, tmp_path).start()
     result = run.wait()
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert result.metrics["peak_mem_bytes"] > 1_000_000
     assert len(result.metrics["losses"]) == spec.trainer["warmup_steps"]
     assert "exceeds the cap of 977 KiB" in result.error  # in binary units, not raw bytes
@@ -98,7 +99,7 @@ def test_hung_rank_is_killed_by_the_timeout(tmp_path):
     spec = tiny_spec(1, 1, 2, timeout_s=15)
     run = node(spec, tmp_path, fault_command("hang", 1, tmp_path)).start()
     result = run.wait()
-    assert result.status is TrialState.TIMEOUT
+    assert result.status is TrialState.TIMEOUT, trials_seen([result])
     assert 15 <= result.duration_s < 45
     assert child_pids_alive(run.pids) == []
 
@@ -107,7 +108,7 @@ def test_exception_in_one_rank_is_an_error_with_its_traceback(tmp_path):
     spec = tiny_spec(1, 1, 2)
     run = node(spec, tmp_path, fault_command("raise", 1, tmp_path)).start()
     result = run.wait()
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     # The rank's own exception, from the error file it left (parsearch.launch.rank_site).
     assert result.error == "rank 1 exited with code 1: RuntimeError: injected failure in rank 1"
     assert "Traceback" in result.log_tail
@@ -192,6 +193,6 @@ def test_bf16_autocast_trains_and_meets_the_estimate(tmp_path, layout):
 
 def test_a_forked_rank_that_raises_reports_its_traceback(tmp_path):
     result = run_trial(tiny_spec(1, 1, 2, trainer={"schedule": "zigzag"}), tmp_path)
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert result.error.endswith("exited with code 1")
     assert "TrainerError: trainer.schedule must be one of" in result.log_tail

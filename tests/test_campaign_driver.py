@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.campaign.driver import Outcome
 from parsearch.campaign.lease import Lease
@@ -47,7 +48,7 @@ def test_finishes_exactly_the_budget_and_records_everything(tmp_path, slots):
     assert summary.outcome is Outcome.BUDGET
     campaign, trials = _trials(db)
     assert len(trials) == summary.finished == 50
-    assert all(t.state.finished for t in trials)
+    assert all(t.state.finished for t in trials), trials_seen(trials)
     assert len({t.key for t in trials}) == 50
     assert {t.origin for t in trials} >= {"initial"}
     assert all(t.predicted and t.predicted["fits"] for t in trials)
@@ -139,7 +140,7 @@ def test_a_signal_drains_then_resume_continues_to_the_budget(tmp_path):
     second = resume_campaign(db, overrides={"backend_options": {"delay": "0.01"}})
     assert second.outcome is Outcome.BUDGET
     _, after = _trials(db)
-    assert len(after) == 40 and all(t.state.finished for t in after)
+    assert len(after) == 40 and all(t.state.finished for t in after), trials_seen(after)
     by_number = {t.number: t for t in after}
     for number, trial in done_before.items():
         assert by_number[number] == trial, "a finished trial never changes"
@@ -160,7 +161,7 @@ def test_a_drain_in_which_the_last_trials_finish_completes_the_campaign(tmp_path
     assert outcome.outcome is Outcome.BUDGET and outcome.interrupted == 0
     campaign, trials = _trials(db)
     assert campaign.status is CampaignStatus.FINISHED
-    assert len(trials) == 2 and all(t.state is TrialState.OK for t in trials)
+    assert len(trials) == 2 and all(t.state is TrialState.OK for t in trials), trials_seen(trials)
 
 
 def test_timeout_stops_the_session_and_a_larger_budget_continues(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from trials_seen import trials_seen
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
@@ -83,11 +84,11 @@ def json_line(peak_mib: float) -> str:
 def test_a_peak_above_the_memory_cap_is_oom_naming_both(tmp_path):
     section = trainer(tmp_path, [json_line(52.3)])
     result, _ = run(spec(section, cap=40 * MIB), tmp_path)
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert "measured peak memory 52.3 MiB" in result.error and "memory_cap 40 MiB" in result.error
     assert result.metrics["peak_mem_bytes"] == int(52.3 * MIB)  # kept for `parsearch show`
     under, _ = run(spec(trainer(tmp_path, [json_line(39.0)]), cap=40 * MIB), tmp_path)
-    assert under.status is TrialState.OK
+    assert under.status is TrialState.OK, trials_seen([under])
 
 
 # Allocates (and touches) MIB_USED MiB, says nothing of it unless told to, then ends.
@@ -268,7 +269,7 @@ def test_per_step_loss_next_to_a_summary_rate(tmp_path):
 def test_a_log_where_only_the_memory_pattern_matched_says_so(tmp_path):
     patterns = {"step_time_s": r"step took ([0-9.]+) s", "peak_mem_bytes": r"peak (\d+) B"}
     result, _ = run(spec(regex_trainer(tmp_path, ["peak 1000 B"], patterns)), tmp_path)
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "only peak memory was found in rank0.log" in result.error
     assert "the patterns of step_time_s matched no line" in result.error
     assert "no regex metric lines" not in result.error
@@ -414,6 +415,6 @@ def test_the_batch_a_program_reports_is_checked_against_the_layout(tmp_path, pas
     if ok:
         assert result.ok, result.error
         return
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "reports global batch size 4 but the layout" in result.error
     assert "has global batch size 8" in result.error

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
@@ -324,7 +325,7 @@ def test_trainer_reported_status_wins(tmp_path):
     trainer = validate_section({"kind": "command", "command": command,
                                 "vars": {"python": sys.executable}}, "s")  # fmt: skip
     result = run(make_spec(trainer), tmp_path)
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert "reported status 'oom'" in result.error
 
 
@@ -343,7 +344,7 @@ def test_recovered_oom_with_metrics_and_clean_exit_is_ok(tmp_path):
 def test_out_of_memory(tmp_path):
     spec = make_spec(section("megatron", "--oom-above", "1"), dp=2, mbs=2, gas=1)
     result = run(spec, tmp_path)
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert result.error.startswith("rank 0 ran out of memory: torch.OutOfMemoryError")
 
 
@@ -351,13 +352,13 @@ def test_one_rank_oom_others_hang_ends_as_oom_at_the_timeout(tmp_path):
     trainer = section("megatron", "--oom-above", "1", "--oom-rank", "-1", "--hang-after-oom")
     spec = make_spec(trainer, dp=2, mbs=2, gas=1, timeout=2.0)
     result = run(spec, tmp_path)
-    assert result.status is TrialState.OOM
+    assert result.status is TrialState.OOM, trials_seen([result])
     assert "rank 1 ran out of memory" in result.error
 
 
 def test_hang_without_metric_lines_is_a_timeout(tmp_path):
     result = run(make_spec(section("megatron", "--hang"), timeout=1.5), tmp_path)
-    assert result.status is TrialState.TIMEOUT
+    assert result.status is TrialState.TIMEOUT, trials_seen([result])
 
 
 def test_metrics_before_a_hang_are_kept_but_the_trial_is_a_timeout(tmp_path):
@@ -374,14 +375,14 @@ def test_metrics_before_a_hang_are_kept_but_the_trial_is_a_timeout(tmp_path):
 
 def test_nonzero_exit_is_an_error_with_the_log_tail(tmp_path):
     result = run(make_spec(section("megatron", "--exit-code", "3")), tmp_path)
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "exited with code 3" in result.error
     assert "RuntimeError: boom" in result.log_tail
 
 
 def test_clean_exit_without_metric_lines_is_an_error(tmp_path):
     result = run(make_spec(section("megatron", parser="torchtitan")), tmp_path)
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "no torchtitan metric lines in rank0.log" in result.error
 
 
@@ -389,7 +390,7 @@ def test_layout_the_trainer_refuses_is_an_error(tmp_path):
     trainer = section("megatron")
     trainer["command"][trainer["command"].index("{dp}")] = "3"
     result = run(make_spec(validate_section(trainer, "s"), dp=2), tmp_path)
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert "tp*pp*dp != world size" in result.log_tail
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.store import CampaignStatus, open_store
 
@@ -50,4 +51,5 @@ def test_a_stop_signal_during_start_up_drains_instead_of_killing(tmp_path, sig):
     with open_store(store, readonly=True) as opened:
         campaign = opened.get_campaign()
         assert campaign.status is CampaignStatus.STOPPED
-        assert all(trial.state.finished for trial in opened.trials(campaign.id))
+        trials = opened.trials(campaign.id)
+        assert all(trial.state.finished for trial in trials), trials_seen(trials)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from store_polling import campaign_trials
+from trials_seen import trials_seen
 
 from parsearch.campaign.lease import Lease, check_lease_timeout
 from parsearch.cli import main
@@ -248,5 +249,5 @@ def test_a_driver_paused_past_its_lease_wakes_and_writes_nothing(tmp_path: Path)
         campaign = store.get_campaign()
         trials = store.trials(campaign.id)
         assert campaign.status.value == "finished"
-        assert sum(t.state.finished for t in trials) == 3
+        assert sum(t.state.finished for t in trials) == 3, trials_seen(trials)
         assert len({t.key for t in trials}) == len(trials)

@@ -12,6 +12,7 @@ import statistics
 import pytest
 import yaml
 from real_trainers import EXAMPLES, example_space, failed_trials, kill_9_leaves_nothing, parsearch
+from trials_seen import trials_seen
 
 from parsearch import results
 from parsearch.store import open_store
@@ -54,7 +55,7 @@ def test_a_crash_on_one_rank_is_stored_with_that_ranks_own_error(tmp_path):
               "--backend-opt", f"workdir={tmp_path / 'trials'}")  # fmt: skip
     with open_store(store, readonly=True) as opened:
         (trial,) = opened.trials(opened.get_campaign().id)
-    assert trial.state.value == "error"
+    assert trial.state.value == "error", trials_seen([trial])
     assert "rank 1: RuntimeError: rank 1: loss is NaN at step 0" in trial.error, trial.error
     assert "ChildFailedError" not in trial.error
     status = parsearch("status", "--store", store)

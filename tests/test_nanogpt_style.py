@@ -12,6 +12,7 @@ import statistics
 import pytest
 import yaml
 from real_trainers import EXAMPLES, example_space, failed_trials, parsearch
+from trials_seen import trials_seen
 
 from parsearch import results
 from parsearch.store import open_store
@@ -75,6 +76,6 @@ def test_passing_gas_where_the_script_wants_gas_times_dp_is_an_error_naming_both
     store = campaign(space, tmp_path, "wrong")
     with open_store(store, readonly=True) as opened:
         (trial,) = opened.trials(opened.get_campaign().id)
-    assert trial.state.value == "error"
+    assert trial.state.value == "error", trials_seen([trial])
     assert "the program reports global batch size 2 but the layout" in trial.error
     assert "has global batch size 4" in trial.error

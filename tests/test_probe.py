@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from trials_seen import trials_seen
 
 from parsearch.cli import main
 from parsearch.launch.process import run_local
@@ -95,5 +96,5 @@ def test_a_probe_whose_rank_0_writes_no_result_is_an_error_naming_the_file(space
         return dataclasses.replace(ProbeKind().plan(placement), argv=[sys.executable, "-c", ""])
 
     result = run_local(spec, quiet_ranks, tmp_path / "probe")
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert result.error is not None and "result.json" in result.error

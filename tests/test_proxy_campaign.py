@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from store_polling import campaign_trials
+from trials_seen import trials_seen
 
 from parsearch.cli import main
 from parsearch.config import ParallelLayout
@@ -76,7 +77,7 @@ def test_kill_9_in_the_proxy_phase_then_resume_loses_and_repeats_nothing(tmp_pat
     assert "budget reached" in out
 
     after = campaign_trials(db)
-    assert len(after) == budget and all(t.state is TrialState.OK for t in after)
+    assert len(after) == budget and all(t.state is TrialState.OK for t in after), trials_seen(after)
     assert len({t.key for t in after}) == budget, "no trial twice"
     for number, trial in kept.items():
         assert after[number] == trial, f"trial {number} changed"

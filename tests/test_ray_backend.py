@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from process_census import child_pids_alive
+from trials_seen import trials_seen
 
 ray = pytest.importorskip("ray")
 
@@ -99,7 +100,8 @@ def test_bundles_of_one_and_two_nodes_and_a_killed_actor(tmp_path):
             rows = {t.number: t for t in store.trials(run.campaign.id)}
     finally:
         backend.close()
-    assert [rows[n].state.value for n in range(5)] == ["ok", "ok", "ok", "error", "ok"]
+    states = [rows[n].state.value for n in range(5)]
+    assert states == ["ok", "ok", "ok", "error", "ok"], trials_seen(rows.values())
     assert rows[3].error.startswith("node lost: the actor of node 0 on ")
     assert "ActorDiedError" in rows[3].error or "died" in rows[3].error
     assert child_pids_alive(json.loads(node_file.read_text())["pids"]) == []

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.campaign.progress import Progress
 from parsearch.campaign.scaling import run_study
@@ -145,7 +146,9 @@ def test_a_stopped_study_continues_without_losing_or_repeating(tmp_path, capsys)
     }
     assert 1 <= sum(map(len, before.values())) < 3
     study = _study(capsys, store, "--nodes", "32,64,128")
-    assert study["complete"] and all(p["state"] == "ok" for p in study["points"])
+    assert study["complete"] and all(p["state"] == "ok" for p in study["points"]), trials_seen(
+        t for ts in _children(store).values() for t in ts
+    )
     after = _children(store)
     assert sorted(after) == [f"gpt-175b-frontier-scaling-weak-{n}n" for n in (128, 32, 64)]
     assert all(len(trials) == 1 for trials in after.values())
@@ -203,7 +206,9 @@ def test_weak_study_on_local_ranks(tmp_path, capsys):
     study = _study(capsys, store, "--nodes", "1,2")
     points = study["points"]
     assert [(p["devices"], p["dp"], p["global_batch"]) for p in points] == [(1, 1, 2), (2, 2, 4)]
-    assert all(p["state"] == "ok" and p["tokens_per_s"] > 0 for p in points)
+    assert all(p["state"] == "ok" and p["tokens_per_s"] > 0 for p in points), trials_seen(
+        t for ts in _children(store).values() for t in ts
+    )
     assert points[1]["efficiency"] == pytest.approx(_per_device(points[1]) / _per_device(points[0]))
     # The 4-rank size: the parent's own layout, measured again as part of the study.
     study = _study(capsys, store, "--nodes", "1,2,4")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.failures import failure_reason
@@ -78,7 +79,7 @@ def test_the_failed_workers_own_exception_is_the_reason(kind, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(failure=code))
     result = run(torchrun_spec(str(script), tmp_path), tmp_path / "trial")
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert result.error.startswith("node 0 exited with code 1: "), result.error
     assert expected in result.error
     assert "ChildFailedError" not in result.error
@@ -89,7 +90,7 @@ def test_the_failed_workers_own_exception_is_the_reason(kind, tmp_path):
 def test_a_script_torchrun_cannot_open_is_named(tmp_path):
     missing = tmp_path / "nanogpt" / "train.py"
     result = run(torchrun_spec(str(missing), tmp_path), tmp_path / "trial")
-    assert result.status is TrialState.ERROR
+    assert result.status is TrialState.ERROR, trials_seen([result])
     assert f"can't open file {str(missing)!r}" in result.error, result.error
     assert "ChildFailedError" not in result.error
 

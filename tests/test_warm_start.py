@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trials_seen import trials_seen
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.campaign.warm_start import load_warm_start
@@ -78,7 +79,7 @@ def test_run_with_warm_start_end_to_end(source, tmp_path, capsys):
     assert campaign.settings["warm_start"] == str(source.resolve())
     assert campaign.settings["warm_start_name"] == "gpt-175b"
     assert len(trials) == 6
-    assert not any(t.state is TrialState.OOM for t in trials)
+    assert not any(t.state is TrialState.OOM for t in trials), trials_seen(trials)
 
 
 def _run_error(capsys, *extra):
