@@ -27,7 +27,7 @@ PROFILE = {
     "name": "test-machine",
     "allocation": {"nodes": 1, "devices_per_node": 4},
     "precision": "fp32",
-    "peak_tflops": 0.05,
+    "peak_tflops": 0.25,  # the tiny space's peak: its efficiencies are taken as they are
     "measured": {"by": "hand", "host": "nowhere"},
     "gemm": [
         {"tp": tp, "mbs": mbs, "seq": 128, "efficiency": 0.1 / tp}
