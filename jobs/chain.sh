@@ -19,6 +19,14 @@
 #
 # SCRIPT is the job script the successor runs (Slurm: read from scontrol; PBS: given).
 
+# The scheduler's warning (USR1) may come before the driver runs: a job that starts with less
+# than WARNING_S left, or a user's `scancel --signal=USR1` as it starts. A batch shell killed
+# by it (USR1's default action) would end the job before it queued its successor, and the
+# chain with it; from here on it is remembered, the driver is not started, the successor
+# resumes.
+DRAINING=0
+trap 'DRAINING=1' USR1
+
 # Every campaign setting a successor must see as the first job saw it: a successor that
 # fell back to a default BUDGET would take it as the campaign's new total.
 CHAIN_SETTINGS=(SPACE NAME STORE BUDGET GRACE WARNING_S LEASE_TIMEOUT LEASE_WAIT MAX_JOBS
@@ -162,7 +170,6 @@ chain_on_term() {
 # (slurm or pbs) picks the functions below that submit and cancel the successor.
 chain_run() {
     local cancel_why=""
-    DRAINING=0
     CANCELLED=0
     SUCCESSOR=""
     if chain_finished; then
@@ -181,7 +188,12 @@ chain_run() {
 
     local done_before
     done_before=$(chain_finished_trials)
-    chain_drive "$@"
+    if ((DRAINING)); then
+        echo "parsearch: warned before the driver started; starting none"
+        STATUS=0
+    else
+        chain_drive "$@"
+    fi
     if ((STATUS == 75 && DRAINING == 0)); then
         echo "parsearch: the campaign's lease is held; waiting ${LEASE_WAIT} s for it to go stale"
         sleep "${LEASE_WAIT}" &

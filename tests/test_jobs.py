@@ -424,3 +424,23 @@ def test_a_step_that_fails_after_the_campaign_made_progress_keeps_its_successor(
     assert "after the campaign made progress" in job.stdout, job.stdout
     assert "scancel" not in Path(cluster["SHIM_LOG"]).read_text()
     assert 0 < _finished(env["STORE"]) < 500
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["frontier.sbatch", "polaris.pbs"])
+def test_a_warning_before_the_driver_starts_keeps_the_chain(cluster, name):
+    """The scheduler's USR1 while the job sets up (its site file here; a job started with
+    less than WARNING_S left, or a user's `scancel --signal=USR1` as it starts) no longer
+    kills the batch shell: no driver starts, the successor is kept and resumes."""
+    site = Path(cluster["PARSEARCH_SITE"])
+    site.write_text(site.read_text() + "kill -USR1 $$\n")
+    env = {**cluster, "SHIM_SCRIPT": str(JOBS / name),
+           "SPACE": "search_spaces/gpt-175b-frontier.yaml"}  # fmt: skip
+    job = subprocess.run(["bash", str(JOBS / name)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert job.returncode == 0, (job.returncode, job.stdout + job.stderr)
+    assert "warned before the driver started; starting none" in job.stdout, job.stdout
+    assert "resumes the campaign" in job.stdout, job.stdout
+    assert len(_submitted(cluster)) == 1
+    log = Path(cluster["SHIM_LOG"])
+    assert "scancel" not in log.read_text() and "qdel" not in log.read_text()
