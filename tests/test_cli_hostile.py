@@ -341,7 +341,7 @@ def test_usage_errors_exit_2_quickly(done_store, tmp_path, capsys, argv, named):
 
 @pytest.mark.e2e
 def test_a_killed_trials_temporary_directory_is_owned_and_cleaned(tmp_path):
-    """``parsearch trial`` killed with kill -9: its directory carries its owner, so the next
+    """``parsearch trial`` killed with kill -9: its directories carry their owner, so the next
     parsearch that makes one removes it."""
     import signal
 
@@ -369,9 +369,22 @@ def test_a_killed_trials_temporary_directory_is_owned_and_cleaned(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert "running" in child.stderr.readline()
+    # Killed once both of its directories exist (its working directory, made first, and the
+    # node's scratch directory, made when the node starts): which exist at a kill right after
+    # "running" is a race (CI once saw both where the test expected one).
+    node_scratch = scratch / f"parsearch-trial-p{child.pid}-dry-run-n0"
+    deadline = time.monotonic() + 60
+    while not node_scratch.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
     child.wait(30)
-    left = [p for p in scratch.iterdir() if p.name.startswith(f"parsearch-trial-p{child.pid}-")]
-    assert len(left) == 1 and (left[0] / ".parsearch-owner").exists()
-    assert left[0] in tempdirs.remove_dead_owners(scratch)
-    assert not left[0].exists()
+    left = sorted(
+        p for p in scratch.iterdir() if p.name.startswith(f"parsearch-trial-p{child.pid}-")
+    )
+    owned = [p for p in left if (p / ".parsearch-owner").exists()]
+    assert len(left) == 2 and node_scratch in left and owned == left, (
+        f"left: {left}, owned: {owned}"
+    )
+    removed = sorted(tempdirs.remove_dead_owners(scratch))
+    assert removed == left, f"left: {left}, removed: {removed}"
+    assert not any(p.exists() for p in left), [p for p in left if p.exists()]
