@@ -58,6 +58,41 @@ def test_counts_beyond_any_budget_are_a_400_not_a_500(served):
     assert len(client.get("/api/campaigns/small/top?k=1000000").json()) == 4  # the ok trials
 
 
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ("recompute=bogus", ["'recompute'", "'bogus' is not one of ['none', 'selective', 'full']"]),
+        ("recompute=full,bogus", ["'recompute'", "'bogus'", "'none', 'selective', 'full'"]),
+        ("state=bogus", ["'state'", "'bogus' is not one of", "'ok'"]),
+        ("sequence_parallel=bogus", ["'sequence_parallel'", "true or false"]),
+        ("zero_stage=4", ["'zero_stage' must be >= 0 and <= 3", "out of range"]),
+        ("tp=0", ["'tp' must be >= 1 and <= 1000000000000", "out of range"]),
+        (f"tp={'9' * 29}", ["'tp' must be >= 1 and <= 1000000000000", "out of range"]),
+        (f"pp=-{'9' * 29}", ["'pp' must be >= 1", "out of range"]),
+        (f"limit={'9' * 3000}", ["'limit' must be >= 1 and <= 1000000", "out of range"]),
+        ("tp=-+2", ["'tp': expected an integer from 1 to 1000000000000"]),
+        ("offset=1.5", ["'offset': expected an integer from 0 to 1000000"]),
+    ],
+    ids=lambda value: value[:24] if isinstance(value, str) else "",
+)
+def test_a_filter_value_no_trial_can_have_is_a_400_naming_what_is_valid(served, query, words):
+    """Not a 200 with no trials: a filter that can never match is a mistake the caller
+    should hear about, with the parameter and its valid values or range."""
+    message = _error(served[0].get(f"/api/campaigns/small/trials?{query}"), 400)
+    for word in words:
+        assert word in message, (query[:40], message)
+    if "out of range" in message:  # an integer, only too large or small: not "no integer"
+        assert "expected an integer" not in message, message
+
+
+def test_valid_filters_still_select_trials(served):
+    client = served[0]
+    every = client.get("/api/campaigns/small/trials").json()
+    for query in ("recompute=none,full", "zero_stage=0,1,2,3", "sequence_parallel=false"):
+        assert client.get(f"/api/campaigns/small/trials?{query}").json() == every, query
+    assert client.get("/api/campaigns/small/trials?recompute=full").json() == []
+
+
 def test_an_error_never_echoes_a_long_request(served):
     client = served[0]
     bulk = "7" * 60_000  # (httpx refuses URLs over 64 KiB)

@@ -16,23 +16,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parsearch.config import RECOMPUTE_CHOICES
 from parsearch.errors import ParsearchError
 from parsearch.formats import format_layout, trial_document
 from parsearch.inputs import MAX_BUDGET
 from parsearch.query import CampaignProgress, campaign_status
 from parsearch.result import TrialState
+from parsearch.space import MAX_INT
 from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
 from parsearch.trainer_flags import EXPORTERS
 from parsearch.units import parse_bytes
 
-# Layout fields a trials query may filter on, and how their values are read.
-INT_FILTERS = ("tp", "pp", "dp", "mbs", "gas", "zero_stage", "vpp")
-TEXT_FILTERS = ("recompute",)
-BOOL_FILTERS = ("sequence_parallel",)
-TRIAL_FILTERS = ("state", *INT_FILTERS, *TEXT_FILTERS, *BOOL_FILTERS)
-PAGE_PARAMS = ("limit", "offset")
 # The most a count (top's k, a page's limit or offset) may be: as many trials as a budget.
 MAX_COUNT = MAX_BUDGET
+# Layout fields a trials query may filter on, and the values each may take: an integer's
+# range (a space file's integers end at MAX_INT, and a ZeRO stage is 0 to 3), or the choices
+# of an enumerated field. A value outside them could never match: it is a 400, not a [].
+INT_FILTERS = {
+    "tp": (1, MAX_INT), "pp": (1, MAX_INT), "dp": (1, MAX_INT), "mbs": (1, MAX_INT),
+    "gas": (1, MAX_INT), "zero_stage": (0, 3), "vpp": (1, MAX_INT),
+}  # fmt: skip
+CHOICE_FILTERS = {"recompute": RECOMPUTE_CHOICES}
+BOOL_FILTERS = ("sequence_parallel",)
+TRIAL_FILTERS = ("state", *INT_FILTERS, *CHOICE_FILTERS, *BOOL_FILTERS)
+PAGE_PARAMS = {"limit": (1, MAX_COUNT), "offset": (0, MAX_COUNT)}
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -220,22 +227,23 @@ def trial_filter(params: Mapping[str, str]) -> TrialFilter:
             raise BadRequest(f"query parameter 'state': {shown(bad[0])} is not one of {valid}")
         states = frozenset(TrialState(s) for s in wanted)
     layout: dict[str, frozenset[Any]] = {}
-    for name in INT_FILTERS:
+    for name, (low, high) in INT_FILTERS.items():
         if name in params:
-            layout[name] = frozenset(_integer(name, v) for v in _values(params, name))
-    for name in TEXT_FILTERS:
+            layout[name] = frozenset(_integer(name, v, low, high) for v in _values(params, name))
+    for name, choices in CHOICE_FILTERS.items():
         if name in params:
-            layout[name] = frozenset(_values(params, name))
+            layout[name] = frozenset(_choice(name, v, choices) for v in _values(params, name))
     for name in BOOL_FILTERS:
         if name in params:
             layout[name] = frozenset(_boolean(name, v) for v in _values(params, name))
-    limit = _integer("limit", params["limit"]) if "limit" in params else None
-    offset = _integer("offset", params["offset"]) if "offset" in params else 0
-    if (limit is not None and not 1 <= limit <= MAX_COUNT) or not 0 <= offset <= MAX_COUNT:
-        raise BadRequest(
-            f"query parameters 'limit' must be >= 1 and 'offset' >= 0, both <= {MAX_COUNT}"
-        )
-    return TrialFilter(states=states, layout=layout, limit=limit, offset=offset)
+    page = {
+        name: _integer(name, params[name], *PAGE_PARAMS[name])
+        for name in PAGE_PARAMS
+        if name in params
+    }
+    return TrialFilter(
+        states=states, layout=layout, limit=page.get("limit"), offset=page.get("offset", 0)
+    )
 
 
 def _values(params: Mapping[str, str], name: str) -> list[str]:
@@ -245,15 +253,29 @@ def _values(params: Mapping[str, str], name: str) -> list[str]:
     return values
 
 
-def _integer(name: str, text: str) -> int:
-    if len(text) > 20:  # int() of a 70 KB string is slow, and no layout value is that long
-        raise BadRequest(f"query parameter {name!r}: expected an integer, got {shown(text)}")
-    try:
-        return int(text)
-    except ValueError:
+def _integer(name: str, text: str, low: int, high: int) -> int:
+    """``text`` as an integer in ``[low, high]``: one that is no integer and one out of the
+    range are told apart, and both messages give the range."""
+    digits = text[1:] if text.startswith(("+", "-")) else text
+    if not (digits.isascii() and digits.isdigit()):
         raise BadRequest(
-            f"query parameter {name!r}: expected an integer, got {shown(text)}"
-        ) from None
+            f"query parameter {name!r}: expected an integer from {low} to {high}, got {shown(text)}"
+        )
+    # Longer than the bound's digits is out of range, read or not: int() of a 4 KB string
+    # is slow (and past 4300 digits refused).
+    value = int(text) if len(digits) <= len(str(high)) else None
+    if value is None or not low <= value <= high:
+        raise BadRequest(
+            f"query parameter {name!r} must be >= {low} and <= {high}, got {shown(text)} "
+            "(out of range)"
+        )
+    return value
+
+
+def _choice(name: str, text: str, choices: tuple[str, ...]) -> str:
+    if text not in choices:
+        raise BadRequest(f"query parameter {name!r}: {shown(text)} is not one of {list(choices)}")
+    return text
 
 
 def _boolean(name: str, text: str) -> bool:
