@@ -1,12 +1,15 @@
 """The estimate against this machine's own device: probe it, train a ~1B GPT with the
 built-in trainer on the layouts that fit one device, and print measured against predicted
-throughput, memory and MFU (issue 31, item 3).
+throughput, memory and MFU (issue 31, item 3); then run the command trainers users run, the
+Hugging Face Trainer and DeepSpeed examples, one layout that fits and one out of memory each
+(benchmarks/trainer_check.py, issue 36 item 3).
 
 Three predictions per layout: the data-sheet defaults, the probed profile (``parsearch
 probe`` on this device) and, when the device is one a shipped profile describes (by its
 name: A100, H100, H200, MI250X), that published profile's figures. One call stays within
-``--budget`` seconds (default 420, so the whole check fits in 8 minutes with the start-up):
-layouts are run best-predicted first and no new one starts past the budget.
+``--budget`` seconds (default 420, so the whole check fits in 8 minutes with the start-up),
+of which the trainer campaigns get the last ``--trainer-budget`` (default 180): layouts are
+run best-predicted first and no new one starts past their share.
 
     .venv/bin/python benchmarks/gpu_check.py                 # on a machine with a GPU
     .venv/bin/python benchmarks/gpu_check.py --tiny          # on CPU, a tiny GPT (the test)
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from trainer_check import print_trainer_table, run_trainer_checks
 
 from parsearch.commands.trial import run_trial
 from parsearch.estimate.profile import with_machine
@@ -77,7 +81,9 @@ def space_document(device: dict[str, Any], tiny: bool) -> dict[str, Any]:
             "vocab_size": 256,
             "seq_length": 64,
         }
-        allocation = {"device": "cpu", "device_memory": "4GiB", "peak_tflops": 0.05}
+        # A core's fp32 peak, as search_spaces/tiny-cpu.yaml states it (one rank alone on a
+        # core trains the tiny GPT above 0.05 TFLOP/s).
+        allocation = {"device": "cpu", "device_memory": "4GiB", "peak_tflops": 0.25}
         estimate = {"framework": "torch", "precision": "fp32", "dropout": False}
         search = {"mbs": [1, 2], "recompute": ["none", "full"]}
     else:
@@ -167,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="gpu-check", help="directory for the results")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the trials")
     parser.add_argument("--max-layouts", type=int, default=8)
+    parser.add_argument(
+        "--trainer-budget", type=float, default=180.0, help="seconds of --budget for trainers"
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
     out = Path(args.out)
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="parsearch-gpu-check-"))
     try:
         for index, layout in enumerate(layouts):
-            if time.monotonic() - began > args.budget:
+            if time.monotonic() - began > args.budget - args.trainer_budget:
                 print(f"budget spent: {len(layouts) - index} layouts not run", file=sys.stderr)
                 break
             spec = TrialSpec(
@@ -214,7 +223,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    report = {"device": device, "profile_probed": str(probed) if probed else None, "rows": rows}
+    trainers = run_trainer_checks(
+        device, args.tiny, out / "trainers", budget_s=args.budget - (time.monotonic() - began)
+    )
+    report = {
+        "device": device,
+        "profile_probed": str(probed) if probed else None,
+        "rows": rows,
+        "trainers": trainers,
+    }
     for name in estimates:
         ok = [row for row in rows if "measured" in row and row["measured"]["tokens_per_s"]]
         report[f"spearman {name}"] = spearman(
@@ -223,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print_table(report, list(estimates))
+    print_trainer_table(trainers)
     print(f"took {time.monotonic() - began:.0f} s; figures in {out / 'gpu_check.json'}")
-    return 0 if any("measured" in row for row in rows) else 1
+    trainers_as_expected = all(row["state"] == row["expected"] for row in trainers)
+    return 0 if any("measured" in row for row in rows) and trainers_as_expected else 1
 
 
 def print_table(report: dict[str, Any], names: list[str]) -> None:

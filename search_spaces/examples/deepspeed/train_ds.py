@@ -1,5 +1,6 @@
 """A tiny GPT trained by DeepSpeed on its CPU accelerator over gloo, for a CPU campaign
-(``deepspeed-zero-cpu.yaml`` beside this file).
+(``deepspeed-zero-cpu.yaml`` beside this file); ``--device cuda`` runs it on GPUs over NCCL
+(DeepSpeed then picks its CUDA accelerator), as benchmarks/gpu_check.py does.
 
 The model (token and position embeddings, pre-norm transformer layers with a causal mask,
 a language-model head) and its data (random token ids) are made here. Everything about the
@@ -118,10 +119,13 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: DeepSpeed over NCCL"
+    )
     args = parser.parse_args()
 
     set_log_level_from_string("info")  # the plain engine's throughput line is INFO
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="gloo" if args.device == "cpu" else "nccl")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     with open(args.deepspeed_config) as handle:
         config = json.load(handle)
@@ -146,7 +150,7 @@ def main() -> None:
         batches = token_batches(args, micro, args.seed + engine.global_rank)
         for _ in range(args.steps * engine.gradient_accumulation_steps()):
             ids, _ = next(batches)
-            loss = engine(ids)
+            loss = engine(ids.to(engine.device))  # the pipeline engine moves its own
             engine.backward(loss)
             engine.step()
     if engine.global_rank == 0:

@@ -5,7 +5,8 @@ Everything is made here: the model from a ``GPT2Config`` (no hub download; run w
 ``HF_HUB_OFFLINE=1``) and random token ids as the data set. The layout reaches the Trainer
 as it would in any user's script: ``--mbs`` is ``per_device_train_batch_size``, ``--gas``
 ``gradient_accumulation_steps``; under ``torchrun`` the Trainer wraps the model in DDP over
-gloo. The Trainer prints a ``{'loss': ...}`` dictionary every step and, once at the end,
+gloo (``--device cuda``: over NCCL, in bf16, as benchmarks/gpu_check.py runs it on a GPU).
+The Trainer prints a ``{'loss': ...}`` dictionary every step and, once at the end,
 ``train_samples_per_second`` -- a figure for the whole run, start-up and first steps
 included. So a ``TrainerCallback`` (the Trainer's public hook) prints each optimizer step's
 wall time, which the space's patterns read, with the warm-up steps left out by parsearch:
@@ -76,6 +77,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="hf-out", help="the Trainer's output directory")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: DDP over NCCL, bf16"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -97,8 +101,9 @@ def main() -> None:
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        ddp_backend="gloo",
+        use_cpu=args.device == "cpu",
+        ddp_backend="gloo" if args.device == "cpu" else "nccl",
+        bf16=args.device == "cuda",
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=args.seed,
