@@ -4,14 +4,17 @@ campaign whose driver was killed or that ran out of layouts is reported."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import serve_load
 from dashboard_stores import SCALES, write_campaign
 from store_polling import campaign_trials
 
@@ -213,3 +216,43 @@ def test_a_campaign_that_ran_out_of_layouts_says_so(tmp_path, capsys):
     assert status["finish_reason"].startswith("no untried layout left")
     assert main(["status", "--store", str(db)]) == 0
     assert "ended    before its budget: no untried layout left" in capsys.readouterr().out
+
+
+def _raw_request(port: int, request: bytes) -> bytes:
+    """What the server answers ``request`` sent whole on a fresh connection, read to its
+    close (a reset raises)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.e2e
+def test_a_huge_request_head_is_answered_414_or_431_not_reset(tmp_path):
+    """uvicorn closed the connection on a request head over 16 KiB while the client still
+    sent it: the client got a connection reset. ``parsearch serve`` answers and reads the
+    rest before it closes."""
+    db = tmp_path / "empty.db"
+    open_store(db).close()
+    port = serve_load.free_port()
+    with serve_load.serving(db, port):
+        for size in (300_000, 3_000_000):
+            answer = _raw_request(port, b"GET /" + b"a" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 414 URI Too Long\r\n"), (size, answer[:300])
+            assert len(body) < 200 and b"aaaa" not in body, body
+            assert "request line (the URL) is over 16384 bytes" in json.loads(body)["error"]
+        answer = _raw_request(port, b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 300_000 + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:300]
+        # Under the bound, the request reaches the app (a 404 quoting an excerpt), and the
+        # server goes on answering.
+        answer = _raw_request(
+            port, b"GET /" + b"a" * 15_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 404 "), answer[:300]
+        answer = _raw_request(
+            port, b"GET /api/campaigns HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"[]"), answer[:300]

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from parsearch.serve.app import create_app
+        from parsearch.serve.http import BoundedH11Protocol
     except ImportError as error:
         raise ServeError(
             f"parsearch serve needs FastAPI and uvicorn ({error}); install them with "
@@ -101,5 +102,12 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{shown}]" if ":" in shown else shown
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"parsearch serve: {args.store} at {url} (Ctrl-C stops)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        http=BoundedH11Protocol,
+        log_level="warning",
+        access_log=False,
+    )
     return 0
