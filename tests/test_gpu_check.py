@@ -34,8 +34,9 @@ def test_the_gpu_check_probes_trains_and_compares_on_cpu(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        # HOME: DeepSpeed's CPU op, built once by scripts/test.sh, is cached under it.
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"]},
+        # Where DeepSpeed's CPU op, built once by scripts/test.sh, is cached.
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+        | {key: os.environ[key] for key in ("HOME", "TORCH_EXTENSIONS_DIR") if key in os.environ},
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
