@@ -186,11 +186,31 @@ def test_every_number_on_the_page_is_the_apis_at_every_scale(site, scale):
     assert units == {MEMORY_UNIT[name]}, units
 
 
+# The smallest rendered size (CSS px) of each figure's text: its font size times the scale
+# its SVG is drawn at (a figure drawn 1000 units wide into 348 px shrinks 11 px text to 3.8).
+TEXT_SIZES = """(() => Object.fromEntries([...document.querySelectorAll(".chart")].map((chart) => {
+  const sizes = [...chart.querySelectorAll("svg text")].map((t) => {
+    const m = t.getScreenCTM();
+    return parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b);
+  });
+  return [chart.id, sizes.length ? Math.min(...sizes) : null];
+})))()"""
+MIN_TEXT_PX = 10
+# The right margin of a plot frame in dashboard.js (frame()'s m.right): where an x axis ends.
+FRAME_RIGHT_PX = 14
+
+
 @pytest.mark.parametrize("scale", SCALES, ids=[s.name for s in SCALES])
 def test_a_phone_screen_shows_the_page_without_sideways_scrolling(site, scale):
     base, chromium = site
     width, height = PHONE
     with chromium.page(f"{base}/?campaign={scale.name}", width, height, mobile=True) as page:
+        page.wait_for("document.getElementById('importance').dataset.state === 'ready'", 120)
+        text = page.evaluate(TEXT_SIZES)
+        objective = page.evaluate(
+            "(() => { const r = document.querySelector('#trials th[data-key=objective]')"
+            ".getBoundingClientRect(); return [r.left, r.right]; })()"
+        )
         layout = page.evaluate("""(() => {
           const right = (n) => n.getBoundingClientRect().right;
           return {
@@ -205,6 +225,13 @@ def test_a_phone_screen_shows_the_page_without_sideways_scrolling(site, scale):
     assert not console, console
     for what, right in layout.items():
         assert right <= width + 0.5, (what, layout)
+    # The figures reflow to the screen's width: their labels keep a readable size.
+    drawn = {chart: size for chart, size in text.items() if size is not None}
+    seen = f"smallest text of each figure, px: {text}"
+    assert {"convergence", "heatmap", "parallel", "timeline"} <= set(drawn), seen
+    assert all(size >= MIN_TEXT_PX for size in drawn.values()), seen
+    # The trials table's objective column is on the screen without scrolling the table.
+    assert objective[0] >= 0 and objective[1] <= width, f"objective column at x {objective}"
 
 
 SEARCH_VIEWS = """(() => {
@@ -213,6 +240,11 @@ SEARCH_VIEWS = """(() => {
     lines: all("#parallel .pc-line").map((l) => +l.dataset.trial),
     axes: all("#parallel .pc-axis .label").map((t) => t.textContent),
     runs: all("#timeline rect.run").map((r) => [+r.dataset.trial, r.dataset.host]),
+    spans: all("#timeline rect.run").map((r) => ({ trial: +r.dataset.trial, host: r.dataset.host,
+      start: +r.dataset.startS, end: +r.dataset.endS, x: +r.getAttribute("x"),
+      width: +r.getAttribute("width") })),
+    timeAxis: document.querySelector("#timeline .label.x").textContent,
+    timeSvgWidth: document.querySelector("#timeline svg").viewBox.baseVal.width,
     hosts: all("#timeline .host").map((t) => t.textContent),
     filters: all("#layout-filters select").map((s) => s.dataset.name),
   };
@@ -254,6 +286,7 @@ def test_parallel_coordinates_timeline_filters_and_importance_match_the_api(site
     expected = sorted((t["trial"], host) for t in trials if t["started_at"] for host in t["hosts"])
     assert sorted(map(tuple, shown["runs"])) == expected
     assert shown["hosts"] == sorted({host for _, host in expected})
+    _assert_drawn_in_the_trials_own_time(shown, {t["trial"]: t for t in trials})
 
     # Filtering the table by a layout value gives what the API's filter gives.
     assert shown["filters"] == dimensions
@@ -268,6 +301,29 @@ def test_parallel_coordinates_timeline_filters_and_importance_match_the_api(site
         assert sorted(bars) == sorted(dimensions) and found["r2"] is not None
     else:
         assert not bars and found["note"].startswith("needs 10 successful trials")
+
+
+def _assert_drawn_in_the_trials_own_time(shown: dict, trials: dict[int, dict]) -> None:
+    """A simulate campaign's timeline (every campaign here is one) is drawn on the trials'
+    own clock: each bar as long as its trial's duration, the trials on a node back to back
+    from 0, the axis spanning them; not the wall clock, in which they all ran within a
+    second."""
+    assert shown["timeAxis"] == "simulated time: the trials' own durations", shown["timeAxis"]
+    spans = shown["spans"]
+    for span in spans:
+        assert span["end"] - span["start"] == pytest.approx(
+            trials[span["trial"]]["duration_s"], rel=1e-9, abs=1e-9
+        ), span
+    assert min(span["start"] for span in spans) == 0, spans[:3]
+    for host in {span["host"] for span in spans}:
+        on = sorted((span["start"], span["end"]) for span in spans if span["host"] == host)
+        assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(on)), (host, on[:5])
+    # Pixels per second are the same for every bar (but those widened to the 1 px a bar
+    # takes at least), and the latest end is the axis' end.
+    rates = [s["width"] / (s["end"] - s["start"]) for s in spans if s["width"] > 1.5]
+    assert max(rates) == pytest.approx(min(rates), rel=1e-6), (min(rates), max(rates))
+    right = max(s["x"] + s["width"] for s in spans)
+    assert right == pytest.approx(shown["timeSvgWidth"] - FRAME_RIGHT_PX, abs=0.5), right
 
 
 PROGRESS = """(() => Object.fromEntries(["campaign-status", "progress-text", "eta", "driver"].map(

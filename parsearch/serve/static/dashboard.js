@@ -86,6 +86,13 @@ function el(tag, attrs = {}, text = null) {
   if (text !== null) node.textContent = text;
   return node;
 }
+// A figure is drawn at its container's width in CSS pixels (one unit of its viewBox a pixel),
+// so its text keeps its CSS size on a phone as on a desktop: a figure drawn at a fixed width
+// and scaled to fit shrank its labels to 3-7 px at 390 px. `fallback` while not laid out.
+function widthOf(node, fallback) {
+  const width = Math.floor(node.clientWidth);
+  return width > 0 ? width : fallback;
+}
 function clear(id) {
   const node = document.getElementById(id);
   node.replaceChildren();
@@ -120,8 +127,8 @@ function ticks(lo, hi, count = 5, integer = false) {
 
 // A plot frame: linear scales over [x0, x1] x [y0, y1] with axes, grid and labels.
 // xFormat and yFormat take (value, significant digits).
-function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, width = 520, height = 300, count = 5,
-                             xInteger = false }) {
+function frame(container, { x, y, xLabel, yLabel, xFormat = si, yFormat = si, width = widthOf(container, 520),
+                             height = 300, count = 5, xInteger = false }) {
   const m = { left: 62, right: 14, top: 10, bottom: 42 };
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
   const pad = (lo, hi) => (hi > lo ? [lo, hi] : [lo - Math.abs(lo || 1) * 0.1, hi + Math.abs(hi || 1) * 0.1]);
@@ -211,7 +218,7 @@ const CELL_FILL = { oom: "#fecaca", failed: "#fde68a", no_divide: "#f3f4f6", pre
 function drawHeatmap(data) {
   const map = data.heatmap;
   const node = clear("heatmap");
-  const width = 520;
+  const width = widthOf(node, 520);
   const left = 46, top = 8, bottom = 38;
   const cw = (width - left - 8) / map.tp.length;
   const ch = Math.min(42, Math.max(26, 260 / map.pp.length));
@@ -296,7 +303,7 @@ function drawFidelity(data, metric, id, label) {
   const [lo, hi] = extent(pairs.flatMap((p) => [p.predicted, p.measured]));
   const fmt = memory ? memTick : metric === "mfu" ? percentTick : si;
   const plot = frame(node, { x: [lo * 0.9, hi * 1.05], y: [lo * 0.9, hi * 1.05], xLabel: `predicted ${label}`,
-                             yLabel: "measured", xFormat: fmt, yFormat: fmt, width: 300, height: 250, count: 4 });
+                             yLabel: "measured", xFormat: fmt, yFormat: fmt, height: 250, count: 4 });
   plot.svg.appendChild(el("line", { x1: plot.sx(lo * 0.9), y1: plot.sy(lo * 0.9), x2: plot.sx(hi * 1.05),
                                     y2: plot.sy(hi * 1.05), stroke: "#9ca3af", "stroke-dasharray": "4 3" }));
   for (const p of pairs) {
@@ -316,7 +323,7 @@ function drawParallel(data) {
   if (!names.length) return message("parallel", "the space searches no dimension");
   if (!ok.length) return message("parallel", "no ok trial yet");
   const node = clear("parallel");
-  const width = 1000, height = 300, top = 24, bottom = 30, left = 40, right = 60;
+  const width = widthOf(node, 1000), height = 300, top = 24, bottom = 30, left = 40, right = 60;
   const axes = [...names, "objective"];
   const ax = (i) => left + (i * (width - left - right)) / (axes.length - 1);
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
@@ -361,15 +368,15 @@ function drawParallel(data) {
 function drawImportance(found) {
   const caption = document.getElementById("importance-caption");
   const node = document.getElementById("importance");
+  view.importance = found;  // drawn again when the page's width changes
   if (!found.dimensions.length) {
     message("importance", found.note || "nothing to rank yet");
     caption.textContent = found.method;
     node.dataset.state = "ready";
     return;
   }
-  clear("importance");
   const rows = found.dimensions;
-  const width = 520, rowH = 26, left = 110, right = 70;
+  const width = widthOf(clear("importance"), 520), rowH = 26, left = 110, right = 70;
   const height = rows.length * rowH + 10;
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
   const top = Math.max(...rows.map((r) => r.importance || 0), 1e-9);
@@ -407,6 +414,29 @@ async function refreshImportance(data) {
   }
 }
 
+// When each trial ran on the timeline's clock, as [start, end] seconds from its origin, by
+// trial number. A simulate campaign's clock is the trials' own time: the backend answers a
+// trial from the estimate in milliseconds of wall time, so each trial is laid on its nodes
+// for its simulated duration, starting when the trials before it there ended (in the
+// order they started). Any other campaign's clock is the wall clock from the first start.
+function timelineSpans(data, ran, now) {
+  const spans = new Map();
+  if (data.campaign.backend === "simulate") {
+    const free = {};
+    const order = [...ran].sort((a, b) => a.started_at - b.started_at || a.trial - b.trial);
+    for (const t of order) {
+      const start = Math.max(0, ...t.hosts.map((h) => free[h] || 0));
+      const end = start + (t.duration_s || 0);
+      for (const h of t.hosts) free[h] = end;
+      spans.set(t.trial, [start, end]);
+    }
+    return { spans, label: "simulated time: the trials' own durations" };
+  }
+  const t0 = Math.min(...ran.map((t) => t.started_at));
+  for (const t of ran) spans.set(t.trial, [t.started_at - t0, (t.finished_at || now) - t0]);
+  return { spans, label: "time since the first trial started" };
+}
+
 // Each node a row, each trial a bar from its start to its end (still running: to now), on
 // every node it ran on: idle nodes show as gaps.
 function drawTimeline(data) {
@@ -414,17 +444,15 @@ function drawTimeline(data) {
   if (!ran.length) return message("timeline", "no trial has started yet");
   const node = clear("timeline");
   const hosts = [...new Set(ran.flatMap((t) => t.hosts))].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
-  const now = Date.now() / 1000;
-  const t0 = Math.min(...ran.map((t) => t.started_at));
-  const t1 = Math.max(...ran.map((t) => t.finished_at || now));
+  const { spans, label } = timelineSpans(data, ran, Date.now() / 1000);
   const rowH = Math.max(1, Math.min(18, 300 / hosts.length));  // at most ~300 px tall
   // The axis in one unit of time, chosen by the span: s, min or h.
-  const span = Math.max(t1 - t0, 1);
+  const span = Math.max(...[...spans.values()].map(([, end]) => end), 1);
   const [size, unit] = span < 120 ? [1, "s"] : span < 7200 ? [60, "min"] : [3600, "h"];
-  const plot = frame(node, { x: [0, span / size], y: [0, hosts.length], xLabel: "time since the first trial started",
+  const plot = frame(node, { x: [0, span / size], y: [0, hosts.length], xLabel: label,
                              yLabel: "", xFormat: (v, digits) => `${fixed(v, digits)} ${unit}`, yFormat: () => "",
                              height: 52 + rowH * hosts.length, count: 6 });
-  const at = (seconds) => plot.sx((seconds - t0) / size);
+  const at = (seconds) => plot.sx(seconds / size);
   const row = Object.fromEntries(hosts.map((h, i) => [h, i]));
   const y = (i) => plot.m.top + i * rowH;
   if (hosts.length <= 40) {
@@ -432,13 +460,15 @@ function drawTimeline(data) {
                                                               "text-anchor": "end", class: "host" }, h)));
   }
   for (const t of ran) {
-    const x0 = at(t.started_at);
-    const x1 = at(t.finished_at || now);
+    const [start, end] = spans.get(t.trial);
+    const x0 = at(start);
+    const x1 = at(end);
     for (const h of t.hosts) {
       const bar = el("rect", { x: x0, y: y(row[h]) + 1, width: Math.max(1, x1 - x0), height: Math.max(1, rowH - 2),
                                fill: COLORS[t.state] || (t.state === "running" ? COLORS.accent : COLORS.failed),
-                               class: "run", "data-trial": t.trial, "data-host": h });
-      bar.appendChild(el("title", {}, `#${t.trial} ${t.state} on ${h}: ${t.layout_short}, ${duration((t.finished_at || now) - t.started_at)}`));
+                               class: "run", "data-trial": t.trial, "data-host": h, "data-start-s": start,
+                               "data-end-s": end });
+      bar.appendChild(el("title", {}, `#${t.trial} ${t.state} on ${h}: ${t.layout_short}, ${duration(end - start)}`));
       plot.svg.appendChild(bar);
     }
   }
@@ -639,10 +669,8 @@ function campaignMemUnit(data) {
   return memUnit(largest || data.memory_limit_bytes);
 }
 
-function draw(data) {
-  view.memUnit = campaignMemUnit(data);
-  drawProgress(data);
-  drawBest(data);
+// The figures, each at its container's width.
+function drawCharts(data) {
   drawConvergence(data);
   drawHeatmap(data);
   drawPareto(data);
@@ -650,9 +678,30 @@ function draw(data) {
   drawFidelity(data, "peak_mem_bytes", "fidelity-memory", "memory/rank");
   drawParallel(data);
   drawTimeline(data);
+}
+
+function draw(data) {
+  view.memUnit = campaignMemUnit(data);
+  view.chartsWidth = document.querySelector("main").clientWidth;
+  drawProgress(data);
+  drawBest(data);
+  drawCharts(data);
   drawTrials(data);
   refreshImportance(data);
 }
+
+// A change of the page's width (a phone turned, a window resized) redraws the figures at
+// their new widths; a change of height alone (a phone's address bar) does not.
+window.addEventListener("resize", () => {
+  clearTimeout(view.resizeTimer);
+  view.resizeTimer = setTimeout(() => {
+    const width = document.querySelector("main").clientWidth;
+    if (!view.data || width === view.chartsWidth) return;
+    view.chartsWidth = width;
+    drawCharts(view.data);
+    if (view.importance && view.importance.dimensions.length) drawImportance(view.importance);
+  }, 150);
+});
 
 async function refresh() {
   clearTimeout(view.timer);
@@ -688,6 +737,7 @@ async function start() {
   select.value = view.campaign;
   select.addEventListener("change", () => {
     view.campaign = select.value;
+    view.importance = null;
     document.getElementById("trial-detail").hidden = true;
     refresh();
   });
