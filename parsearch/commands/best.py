@@ -1,14 +1,19 @@
-"""``parsearch best --store FILE.db``: the fastest layout found, in a format to paste."""
+"""``parsearch best --store FILE.db``: the fastest layout found, in a format to paste; with
+``--like SPACE.yaml``, the fastest any campaign of the store found for that space's model on
+its allocation (:mod:`parsearch.best_known`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 
+from parsearch.best_known import BestKnown, Comparable, KnownLayout, best_known
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size
-from parsearch.errors import ParsearchError
-from parsearch.formats import FORMATS, format_layout
+from parsearch.errors import ParsearchError, UsageError
+from parsearch.formats import FORMATS, format_layout, trial_document
 from parsearch.query import open_campaign
 from parsearch.result import TrialState
 from parsearch.units import count_of, format_bytes
@@ -33,10 +38,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="only trials whose measured peak memory per rank is at most SIZE (60GiB, bytes)",
     )
     parser.add_argument("--format", default="text", choices=sorted(FORMATS))
+    parser.add_argument(
+        "--like",
+        metavar="SPACE.yaml",
+        help="across every campaign of the store: the best layout found for this space's model "
+        "on its allocation (nodes, devices per node, device kind), with where it came from",
+    )
+    parser.add_argument(
+        "--trainer",
+        metavar="KIND",
+        help="with --like: only campaigns whose trainer is KIND (builtin, command...)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.like is not None:
+        return run_across(args)
+    if args.trainer is not None:
+        raise UsageError("--trainer: only with --like (it chooses among campaigns)")
     unmeasured = 0
     with open_campaign(args.store, args.name) as (store, campaign):
         record = store.best(campaign.id, max_mem_bytes=args.max_mem)
@@ -60,3 +80,78 @@ def run(args: argparse.Namespace) -> int:
         print(f"parsearch best: note: {left_out}", file=sys.stderr)
     print(format_layout(record, campaign, args.format))
     return 0
+
+
+def run_across(args: argparse.Namespace) -> int:
+    from parsearch.space import load_space
+    from parsearch.store import open_store
+
+    if args.name is not None:
+        raise UsageError("--name: not with --like, which reads every campaign of the store")
+    if args.max_mem is not None:
+        raise UsageError("--max-mem: not with --like (each space states its own memory)")
+    wanted = Comparable.of(load_space(args.like))
+    with open_store(args.store, readonly=True) as store:
+        known = best_known(store, wanted, trainer=args.trainer)
+    best = known.best  # refuses, saying what the store holds, when nothing compares
+    if known.unreadable:
+        print(
+            f"parsearch best: note: left out {len(known.unreadable)} campaign(s) whose stored "
+            f"space no longer loads: {', '.join(known.unreadable)}",
+            file=sys.stderr,
+        )
+    if args.format == "text":
+        print(across_text(known))
+    elif args.format == "json":
+        print(json.dumps(across_document(known), indent=2))
+    else:
+        print(f"parsearch best: {provenance(best)}", file=sys.stderr)
+        print(format_layout(best.trial, best.campaign, args.format))
+    return 0
+
+
+def provenance(known: KnownLayout) -> str:
+    trial = known.trial
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(trial.finished_at or 0))
+    return (
+        f"campaign '{known.campaign.name}' trial #{trial.number} ({known.trainer} trainer), "
+        f"{known.how}, finished {when}"
+    )
+
+
+def across_text(known: BestKnown) -> str:
+    lines = [
+        f"best known for {known.wanted.describe()}: {len(known.layouts)} of "
+        f"{known.campaigns_in_store} campaigns compare"
+    ]
+    for rank, layout in enumerate(known.layouts, 1):
+        trial = layout.trial
+        mfu = trial.metrics.get("mfu")
+        lines.append(
+            f"  {rank}. {trial.layout.short():<32} {trial.tokens_per_s:.4g} tokens/s"
+            + (f", MFU {mfu:.1%}" if mfu is not None else "")
+            + f"  {provenance(layout)}"
+        )
+    if not known.best.measured:
+        lines.append("  (no comparable trial was measured: the figures are only predicted)")
+    return "\n".join(lines)
+
+
+def across_document(known: BestKnown) -> dict:
+    ranked = [
+        {
+            **trial_document(layout.trial, layout.campaign),
+            "trainer": layout.trainer,
+            "measured": layout.measured,
+            "provenance": layout.how,
+            "finished_at": layout.trial.finished_at,
+        }
+        for layout in known.layouts
+    ]
+    return {
+        "like": known.wanted.describe(),
+        "campaigns_in_store": known.campaigns_in_store,
+        "best": ranked[0],
+        "ranked": ranked,
+        "other_allocations": [{"campaign": n, "nodes": k} for n, k in known.other_allocations],
+    }
