@@ -5,7 +5,10 @@ anchor among them, fails), into a temporary directory; then every relative link 
 every built page must resolve to a file of the site (and its ``#anchor`` to an id of that
 page), every relative link of README.md, jobs/README.md and search_spaces/examples/README.md
 to a file of the repository, and external links must be well-formed (they are not fetched:
-the test runs offline). The command-line reference, generated from the parsers when the site
+the test runs offline). Every page is a file (``a/b.html``) and every link points to one, so
+the site reads from its files as well as served: opened from ``file://``, a link to a
+directory shows the directory's listing; and its search works from files (in headless
+Chromium). The command-line reference, generated from the parsers when the site
 is built, must hold every sub-command and option of the real parser.
 """
 
@@ -17,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -91,8 +95,6 @@ def _site_target(site: Path, page: Path, url: str) -> tuple[Path, str]:
     """The file of the site a relative ``url`` on ``page`` points to, and its fragment."""
     parts = urlsplit(url)
     target = page if not parts.path else (page.parent / unquote(parts.path)).resolve()
-    if target.is_dir():
-        target = target / "index.html"
     return target, unquote(parts.fragment)
 
 
@@ -113,7 +115,9 @@ def test_site_links_and_images_resolve(site: Path) -> None:
                 broken.append(f"{where} (absolute: breaks when the site is not at /)")
                 continue
             target, fragment = _site_target(site, path, url)
-            if not target.is_file():
+            if target.is_dir():
+                broken.append(f"{where} (a directory: opened from files, it shows a listing)")
+            elif not target.is_file():
                 broken.append(f"{where} (no such file)")
             elif fragment and target.suffix == ".html":
                 ids = pages[target].ids if target in pages else _parse(target).ids
@@ -129,12 +133,11 @@ def _markdown_links(text: str) -> list[str]:
 
 
 def _doc_page(site: Path, doc: Path) -> Path | None:
-    """The built page of a Markdown file under docs/ (``docs/a/b.md`` → ``a/b/index.html``,
-    ``docs/a/index.md`` → ``a/index.html``); ``None`` for a file the site does not build."""
+    """The built page of a Markdown file under docs/ (``docs/a/b.md`` → ``a/b.html``);
+    ``None`` for a file the site does not build."""
     if not doc.is_relative_to(ROOT / "docs") or doc.suffix != ".md":
         return None
-    stem = doc.relative_to(ROOT / "docs").with_suffix("")
-    return site / (stem.parent if stem.name == "index" else stem) / "index.html"
+    return site / doc.relative_to(ROOT / "docs").with_suffix(".html")
 
 
 @pytest.mark.parametrize("readme", READMES)
@@ -186,7 +189,7 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_cli_reference_holds_every_subcommand_and_option(site: Path) -> None:
-    page = site / "reference" / "cli" / "index.html"
+    page = site / "reference" / "cli.html"
     html_text = page.read_text(encoding="utf-8")
     ids = _parse(page).ids
     commands = _subcommands()
@@ -211,7 +214,7 @@ def test_cli_reference_holds_every_subcommand_and_option(site: Path) -> None:
 
 
 def test_api_page_documents_the_public_api(site: Path) -> None:
-    text = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    text = (site / "reference" / "api.html").read_text(encoding="utf-8")
     for name in (
         "parsearch.space.load_space",
         "parsearch.query.results",
@@ -240,3 +243,46 @@ def test_benchmarks_page_includes_the_benchmarks_readme_with_its_figures(site: P
     for image in images:
         assert (page.parent / image).resolve().is_file(), image
     assert text.count("<img ") >= len(images)
+
+
+# Types a word into the theme's search box as a person would (focus, then input and keyup
+# events that bubble to where the theme listens), and counts the results listed.
+SEARCH_FOR = """(() => {
+  const box = document.querySelector("input[data-md-component=search-query]");
+  box.focus();
+  box.value = WORD;
+  box.dispatchEvent(new Event("input", { bubbles: true }));
+  box.dispatchEvent(new KeyboardEvent("keyup", { bubbles: true, key: "g" }));
+  return document.querySelectorAll(".md-search-result__item").length > 0;
+})()"""
+
+
+@pytest.mark.e2e
+def test_the_site_searches_from_its_files(site: Path) -> None:
+    """Opened as ``file://.../index.html``, with no server: the search index loads (as a
+    script) and the search runs (its worker through the site's own stand-in)."""
+    from headless_chromium import browser, find_browser
+
+    chromium = find_browser()
+    if chromium is None:
+        pytest.skip("no Chromium here: .ci/run installs Debian's chromium package")
+    url = (site / "guide" / "store.html").as_uri()
+    ready = "document.readyState === 'complete'"
+    with browser(chromium) as opened, opened.page(url, 1280, 900, ready=ready) as page:
+        deadline = time.monotonic() + 30  # the index loads in well under a second
+        while not page.evaluate(SEARCH_FOR.replace("WORD", '"fencing"')):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        meta = page.evaluate(
+            "(document.querySelector('.md-search-result__meta') || {}).textContent"
+        )
+        found = page.evaluate(
+            "[...document.querySelectorAll('.md-search-result__item a')].map(a => a.href)"
+        )
+        console = page.console()
+    assert not console, console
+    assert found, f"no search results from files; the search said {meta!r}"
+    # Each result opens a page of the site, a file.
+    pages = {Path(unquote(urlsplit(link).path)) for link in found}
+    assert all(page.suffix == ".html" and page.is_file() for page in pages), found
