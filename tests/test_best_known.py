@@ -185,3 +185,36 @@ def test_a_measured_layout_answers_before_a_faster_simulated_one(tmp_path, capsy
     assert code == 0, err
     assert out.splitlines()[1].strip().startswith("1.") and "measured" in out, out
     assert "only predicted" not in out, out
+
+
+def test_a_new_campaign_warm_starts_from_the_nearest_node_count_in_its_store(
+    shared, tmp_path, capsys
+):
+    db, paths = shared
+    model = "gpt-22b-frontier"
+    nodes = load_space(SPACES / f"{model}.yaml").allocation.nodes
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(Path(db).read_bytes())
+    run = ("--store", str(copy), "--backend", "simulate", "--budget", "3", "--quiet")
+    bigger = variant(tmp_path, model, nodes * 2)
+    code, _, err = _cli(capsys, "run", str(bigger), *run)
+    nearest = paths[(model, nodes)].stem  # 1 doubling away; the half-size one is 2
+    assert code == 0, err
+    assert f"note: warm start from campaign '{nearest}' of this store" in err, err
+    assert f"{nodes} nodes; 8 finished trials" in err, err
+    with open_store(copy, readonly=True) as store:
+        settings = store.get_campaign(bigger.stem).settings
+    assert (settings["warm_start"], settings["warm_start_name"]) == (str(copy.resolve()), nearest)
+    code, _, err = _cli(capsys, "resume", "--store", str(copy), "--name", bigger.stem,
+                          "--budget", "4", "--quiet")  # fmt: skip
+    assert code == 0 and "warm start" not in err, err  # resumed with the stored source
+    # Turned off, and never from the same allocation (that campaign answers the question).
+    off = variant(tmp_path, model, nodes * 4)
+    code, _, err = _cli(capsys, "run", str(off), *run, "--no-auto-warm-start")
+    assert code == 0 and "warm start" not in err, err
+    same = tmp_path / "same.yaml"
+    same.write_text(paths[(model, nodes)].read_text().replace(nearest, "again"))
+    code, _, err = _cli(capsys, "run", str(same), *run)
+    assert code == 0 and f"warm start from campaign '{paths[(model, nodes // 2)].stem}'" in err, err
+    with open_store(copy, readonly=True) as store:
+        assert store.get_campaign(off.stem).settings["warm_start"] is None

@@ -27,7 +27,7 @@ from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_t
 from parsearch.campaign.observers import Observers
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
-from parsearch.campaign.warm_start import load_warm_start
+from parsearch.campaign.warm_start import load_warm_start, store_warm_start_source
 from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, UsageError
 from parsearch.estimate.profile import profile_from_dict, profile_to_dict
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
@@ -64,6 +64,9 @@ class CampaignSettings:
     keep_predicted_oom: bool = False
     warm_start: str | None = None
     warm_start_name: str | None = None
+    # A new campaign warm-starts from the same model at another node count in its own store
+    # (parsearch.campaign.warm_start.store_warm_start_source) unless this is off.
+    auto_warm_start: bool = True
     timeout_s: float | None = None
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
@@ -215,6 +218,7 @@ def start_campaign(
         # Everything that can refuse the settings does so before the campaign exists, so a
         # typo never leaves behind a campaign that only `resume` could reach.
         if parts is None:
+            settings = _with_store_warm_start(store, store_path, space, settings)
             parts = _Parts.build(space, settings, seed, backend)
         try:
             campaign = store.create_campaign(
@@ -334,6 +338,32 @@ def _check_launch_dir(campaign: Campaign) -> None:
         f"note: {{launch_dir}} stays {stored}, where campaign '{campaign.name}' was created "
         f"(this resume runs in {here})",
         file=sys.stderr,
+    )
+
+
+def _with_store_warm_start(
+    store: Store, store_path: str | os.PathLike[str], space: SearchSpace, settings: CampaignSettings
+) -> CampaignSettings:
+    """``settings`` warm-starting from the store's own campaign of the same model at another
+    node count, when the default strategy is given no other source; said on stderr, and
+    recorded with the campaign's settings so that a resume rebuilds the same strategy."""
+    if settings.warm_start is not None or not settings.auto_warm_start:
+        return settings
+    if settings.strategy != "default" or not Path(store_path).is_file():
+        return settings
+    found = store_warm_start_source(store, space)
+    if found is None:
+        return settings
+    source, finished = found
+    nodes = source.space.get("allocation", {}).get("nodes")
+    print(
+        f"note: warm start from campaign '{source.name}' of this store (the same model on "
+        f"the same devices, {nodes} nodes; {finished} finished trials); --no-auto-warm-start "
+        "turns it off",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(
+        settings, warm_start=str(Path(store_path).resolve()), warm_start_name=source.name
     )
 
 

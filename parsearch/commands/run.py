@@ -71,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default strategy; e.g. a 175B campaign on the same machine for a 1T search)",
     )
     parser.add_argument(
+        "--no-auto-warm-start",
+        action="store_true",
+        help="do not warm-start from the store's own campaign of the same model on the same "
+        "devices at another node count (what a new default-strategy campaign does otherwise)",
+    )
+    parser.add_argument(
         "--warm-start-name",
         metavar="NAME",
         help="the campaign of --warm-start to use (default: its newest)",
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         proxy=args.proxy,
         warm_start=str(Path(args.warm_start).resolve()) if args.warm_start else None,
         warm_start_name=args.warm_start_name,
+        auto_warm_start=not args.no_auto_warm_start,
         machine=str(Path(args.machine).resolve()) if args.machine else None,
         **given,
     )
