@@ -2,9 +2,19 @@
 show, so a user sees "3 trials: ValueError: ..." instead of "error 3".
 
 A trial's stored ``error`` often only says how a rank ended ("rank 0 exited with code 1");
-the cause is the exception at the end of its log tail, so :func:`failure_reason` appends
-that line. Trials whose reasons differ only in numbers (a rank, a size, a port) form one
-group, shown with its first trial's reason.
+the cause is the rank's own last line of failure in its log tail, so :func:`failure_reason`
+appends that line. Trials whose reasons differ only in numbers (a rank, a size, a port) form
+one group, shown with its first trial's reason.
+
+What counts as the rank's own line was read off real GPU output (tests/fixtures/logs): an
+exception line (``torch.OutOfMemoryError: ...``, also after a prefix such as pytest's
+``FAILED ... - torch.distributed.DistBackendError: ...``), or, where a rank died without
+one, NCCL's watchdog timeout, a fatal signal (``Signal 11 (SIGSEGV) received by PID``,
+``Fatal Python error: Segmentation fault``, torchrun's ``failed (exitcode: -11)``) or the
+driver's ``fallen off the bus`` / ``Xid``. Lines that only follow a failure are not causes:
+C++ ``Exception raised from ...`` stack headers, the watchdog's ``Exception (either an error
+or timeout) detected``, and torchrun's own ``ChildFailedError`` (used only when nothing else
+is there).
 """
 
 from __future__ import annotations
@@ -13,15 +23,33 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from parsearch.launch.oom import first_oom_line
 from parsearch.result import TrialState
 from parsearch.sanitize import shown, shown_line
 from parsearch.store import TrialRecord
 
 FAILURE_STATES = (TrialState.OOM, TrialState.ERROR, TrialState.TIMEOUT, TrialState.INFEASIBLE)
-# "ValueError: ...", "torch.OutOfMemoryError: ...", "RuntimeError", with a launcher's prefix.
-_EXCEPTION = re.compile(r"(?:^|\]:?\s*)((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+# "ValueError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt", with a launcher's
+# prefix; a qualified name ("torch.distributed.DistBackendError: ...") after any text. The
+# name is followed by ": " or ends the line, so "Exception (either ..." and "Exception raised
+# from ..." (what follows a failure, not its cause) are not exception lines.
+_EXCEPTION = re.compile(
+    r"(?:(?:^|\]:?\s*)((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt))"
+    r"|\s((?:[A-Za-z_]\w*\.)+\w*(?:Error|Exception)))(:\s.*|:?)$"
+)
+# A rank that died without an exception line says so in one of these.
+_FATAL = re.compile(
+    r"(?:\[Rank \d+\] )?Watchdog caught collective operation timeout: .*"
+    r"|Signal \d+ \(SIG\w+\) received by PID \d+"
+    r"|Fatal Python error: .*"
+    r"|failed \(exitcode: -\d+\) local_rank: \d+.*"
+    r"|NVRM: Xid .*|NVRM: fallen off the bus.*"
+)
+LAUNCHER_EXCEPTIONS = ("ChildFailedError",)
 # An error that ends by saying how a process ended (no recorded error after it).
-_EXIT_ONLY = re.compile(r"(exited with code -?\d+|was killed by [^:]*|did not exit)$")
+_EXIT_ONLY = re.compile(
+    r"(exited with code -?\d+|was killed by [^:]*|did not exit|ran out of memory)$"
+)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 REASON_CHARS = 300
 
@@ -36,12 +64,24 @@ class FailureGroup:
 
 
 def last_exception(log_tail: str) -> str | None:
-    """The last ``SomethingError: message`` line of a log tail, if any."""
+    """The rank's own last line of failure in a log tail (see the module's docstring), if
+    any: an exception line, else a fatal line; a launcher's ``ChildFailedError`` only when
+    the tail has nothing else."""
+    launcher = None
     for line in reversed(log_tail.splitlines()):
-        match = _EXCEPTION.search(line.strip())
+        text = line.strip()
+        match = _EXCEPTION.search(text)
         if match:
-            return match.group(1).strip()
-    return None
+            name = match.group(1) or match.group(2)
+            found = (name + match.group(3)).strip()
+            if not name.endswith(LAUNCHER_EXCEPTIONS):
+                return found
+            launcher = launcher or found
+            continue
+        fatal = _FATAL.search(text)
+        if fatal:
+            return fatal.group(0).strip()
+    return launcher
 
 
 def failure_reason(error: str | None, log_tail: str) -> str:
@@ -50,11 +90,22 @@ def failure_reason(error: str | None, log_tail: str) -> str:
     ``REASON_CHARS``."""
     reason = error or "no reason recorded"
     if error is None or _EXIT_ONLY.search(error):
-        exception = last_exception(shown(log_tail))  # a colour code must not hide it
-        if exception and exception not in reason:
-            reason = f"{reason}: {exception}" if error else exception
+        cause = _cause(error, shown(log_tail))  # a colour code must not hide it
+        if cause and cause not in reason:
+            reason = f"{reason}: {cause}" if error else cause
     reason = shown_line(reason)  # a trainer's text: no escape sequence reaches a terminal
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+
+
+def _cause(error: str | None, log_tail: str) -> str | None:
+    """The line that says why: for "ran out of memory" (the node agent's OOM, which names
+    no line) the first out-of-memory line, else the rank's own last line of failure, or an
+    out-of-memory line that no exception line carries (``RuntimeError('CUDA out of
+    memory ...')`` inside a trainer's own message, two ranks' lines joined mid-word)."""
+    lines = log_tail.splitlines()
+    if error is not None and error.endswith("ran out of memory"):
+        return first_oom_line(lines) or last_exception(log_tail)
+    return last_exception(log_tail) or first_oom_line(lines)
 
 
 def reason_key(reason: str) -> str:
