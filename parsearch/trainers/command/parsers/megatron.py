@@ -16,8 +16,9 @@ pipeline stage with ``report_memory``::
     reserved: ... | max reserved: ...
 
 where "MB" is MiB (bytes / 1024²). Megatron-DeepSpeed runs also carry DeepSpeed's own
-``MaxMemAllocated=19.52GB`` (GiB) in its throughput-timer lines, used when no
-``report_memory`` line is there.
+``MaxMemAllocated=19.52GB`` (GiB) in its throughput-timer lines and ``see_memory_usage``'s
+``MA 0.02 GB  Max_MA 0.08 GB  CA 0.08 GB  Max_CA 0 GB`` (GiB; ``Max_CA`` is rounded to a
+whole GiB, so ``CA`` counts as reserved too); the largest of each is kept.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from parsearch.trainers.command.parsers.base import LogScan, Step, leading_numbe
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _MEMORY = re.compile(r"\bmemory \(MB\)\s*((?:\|\s*[^|:]+:\s*[\d.]+\s*)+)")
 _DEEPSPEED_MAX_MEM = re.compile(r"\bMaxMemAllocated=([\d.]+)GB")
+_SEE_MEMORY = re.compile(r"\bMax_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB")
 # Where a record starts, to read records another rank's output joined on one line apart.
 _RECORD = re.compile(r"\biteration\s+\d+\s*/|\[Rank \d+\]")
 MIB = 1024**2
@@ -75,6 +77,9 @@ class MegatronParser:
             )
         elif self.deepspeed and (match := _DEEPSPEED_MAX_MEM.search(line)) is not None:
             scan.add_memory(allocated=float(match.group(1)) * GIB)
+        elif self.deepspeed and (match := _SEE_MEMORY.search(line)) is not None:
+            peak, current, peak_reserved = (float(value) * GIB for value in match.groups())
+            scan.add_memory(allocated=peak, reserved=max(current, peak_reserved))
 
     @staticmethod
     def _step(iteration: int, fields: dict[str, str]) -> Step:
