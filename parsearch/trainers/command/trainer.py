@@ -51,7 +51,13 @@ from parsearch.launch.plan import NodePlan
 from parsearch.launch.process import MEASURED_DEVICE, MEASURED_RSS, NodeRun, read_tail
 from parsearch.rank_program import SPEC_FILE, uses_gpu
 from parsearch.result import TrialResult, TrialState
-from parsearch.trainers.command.parsers import PARSERS, LogScan, make_parser, parse_lines
+from parsearch.trainers.command.parsers import (
+    PARSERS,
+    LogScan,
+    make_parser,
+    no_metric_lines,
+    parse_lines,
+)
 from parsearch.trainers.command.parsers.regex import (
     TIMING_METRICS,
     compile_patterns,
@@ -470,7 +476,7 @@ class CommandNode:
         )
         if chosen is None:
             logs = ", ".join(log.name for _, log, _ in scans)
-            reason = f"no {section['parser']} metric lines in {logs}"
+            reason = no_metric_lines(section["parser"], logs)
             if memory.peak_mem_bytes is not None:  # the memory pattern matched, timing did not
                 timing = sorted(set(section.get("patterns") or {}) & set(TIMING_METRICS))
                 what = f"the patterns of {', '.join(timing)}" if timing else "its metric lines"

@@ -15,6 +15,17 @@ from parsearch.trainers.command.parsers.regex import RegexParser
 from parsearch.trainers.command.parsers.torchtitan import TorchtitanParser
 
 PARSERS: tuple[str, ...] = ("json", "megatron", "megatron-deepspeed", "torchtitan", "regex")
+# The line each format reads its timings from, named in the error of a log without one: a
+# log of another format (a DeepSpeed flops profile, Hugging Face's loss dicts) then says
+# which line was looked for instead of only that none was found.
+_ITERATION_LINE = "Megatron's 'iteration N/ M | ... | elapsed time per iteration (ms): T |' line"
+EXPECTED_LINES: dict[str, str] = {
+    "json": "a JSON object line with a number for 'tokens_per_s'",
+    "megatron": _ITERATION_LINE,
+    "megatron-deepspeed": _ITERATION_LINE,
+    "torchtitan": "torchtitan's 'step: N  loss: ...  tps: T' line",
+    "regex": "a line that one of the space's timing patterns matches",
+}
 
 
 def make_parser(
@@ -36,6 +47,11 @@ def make_parser(
     raise ValueError(f"unknown parser {name!r}; valid: {', '.join(PARSERS)}")
 
 
+def no_metric_lines(name: str, logs: str) -> str:
+    """Why ``logs`` gave no metrics to parser ``name``, naming the line it expected."""
+    return f"no {name} metric lines in {logs}: expected {EXPECTED_LINES[name]}"
+
+
 def parse_lines(lines: Iterable[str], parser: LineParser) -> LogScan:
     """Run ``parser`` over ``lines`` (ANSI colour codes removed first)."""
     scan = LogScan()
@@ -44,4 +60,13 @@ def parse_lines(lines: Iterable[str], parser: LineParser) -> LogScan:
     return scan
 
 
-__all__ = ["PARSERS", "LineParser", "LogScan", "Step", "make_parser", "parse_lines"]
+__all__ = [
+    "EXPECTED_LINES",
+    "PARSERS",
+    "LineParser",
+    "LogScan",
+    "Step",
+    "make_parser",
+    "no_metric_lines",
+    "parse_lines",
+]
