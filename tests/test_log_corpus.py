@@ -307,6 +307,15 @@ FAILURES: dict[str, tuple[str, str | None]] = {
         "NVRM: fallen off the bus and is not responding to commands.",
     ),
     "lost-node-rendezvous-broken-pipe-2023.log": (LOST, "RuntimeError: Broken pipe"),
+    "oom-then-childfailed-2024.log": (
+        OOM,
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 792.00 MiB. GPU",
+    ),
+    # torchrun's report alone: its ChildFailedError is all a reader has.
+    "childfailed-only-2025.log": (
+        ERROR,
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    ),
     # Node 1's torchrun stopping its workers after node 0 failed: the cause is not here.
     "multinode-srun-labels-sigterm.log": (ERROR, None),
 }
