@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.launch.oom import first_oom_line
+from parsearch.launch.rank_errors import LAUNCHER_ERRORS
 from parsearch.result import TrialState
 from parsearch.sanitize import shown, shown_line
 from parsearch.store import TrialRecord
@@ -45,7 +46,6 @@ _FATAL = re.compile(
     r"|failed \(exitcode: -\d+\) local_rank: \d+.*"
     r"|NVRM: Xid .*|NVRM: fallen off the bus.*"
 )
-LAUNCHER_EXCEPTIONS = ("ChildFailedError",)
 # An error that ends by saying how a process ended (no recorded error after it).
 _EXIT_ONLY = re.compile(
     r"(exited with code -?\d+|was killed by [^:]*|did not exit|ran out of memory)$"
@@ -74,7 +74,7 @@ def last_exception(log_tail: str) -> str | None:
         if match:
             name = match.group(1) or match.group(2)
             found = (name + match.group(3)).strip()
-            if not name.endswith(LAUNCHER_EXCEPTIONS):
+            if not name.endswith(LAUNCHER_ERRORS):
                 return found
             launcher = launcher or found
             continue

@@ -442,3 +442,11 @@ def test_the_agents_oom_reason_names_the_out_of_memory_line():
         "Tried to allocate 2.00 GiB."
     )
     assert failure_reason("rank 0 ran out of memory: x", tail) == "rank 0 ran out of memory: x"
+
+
+def test_an_xid_line_is_the_reason_of_a_rank_without_an_exception():
+    """The Xid form of a GPU lost to the driver, as quoted in NVIDIA/NVSentinel#155."""
+    tail = "step 10\nNVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n"
+    assert failure_reason("rank 0 was killed by SIGKILL", tail) == (
+        "rank 0 was killed by SIGKILL: NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
+    )
