@@ -16,6 +16,7 @@ crash's reason. Module-level code, no ``main()`` decorated with torch's ``@recor
 
 import argparse
 import os
+import sys
 import time
 
 import lightning as L
@@ -121,3 +122,10 @@ if trainer.is_global_zero:
     with open("/proc/self/status") as status:
         kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
     print(f"peak_rss_bytes={int(kib) * 1024}", flush=True)
+# A clean run ends here. Under load, a thread gloo leaves behind can abort the interpreter's
+# teardown ("terminate called without an active exception", SIGABRT, seen with the Hugging
+# Face example in a fresh-clone run) after every figure was printed, and torchrun then calls
+# the trial failed; skipping the C++ destructors keeps a finished run's exit status 0.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
