@@ -2,8 +2,9 @@
 # The Debian packages the test tiers use, installed quietly when missing: Chromium for the
 # dashboard's browser tests; Slurm and munge for the real-scheduler tier (the cluster of
 # namespaced nodes scripts/slurm-cluster.sh starts; iproute2 and util-linux give it `ip`,
-# `nsenter` and `unshare`). Without root or apt, those tests skip and say why (on CI the
-# Slurm tier fails instead: it must run there).
+# `nsenter` and `unshare`); PostgreSQL for the store's server tier (tests/postgres_server.py
+# starts its own server; Debian keeps initdb off PATH). Without root or apt, those tests skip
+# and say why (on CI the Slurm and PostgreSQL tiers fail instead: they must run there).
 set -uo pipefail
 wanted=()
 command -v chromium >/dev/null 2>&1 || wanted+=(chromium)
@@ -11,6 +12,7 @@ command -v slurmctld >/dev/null 2>&1 || wanted+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || wanted+=(munge)
 command -v ip >/dev/null 2>&1 || wanted+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || wanted+=(util-linux)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || wanted+=(postgresql)
 ((${#wanted[@]})) || exit 0
 command -v apt-get >/dev/null 2>&1 || exit 0
 sudo=""

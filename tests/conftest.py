@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres_server import PostgresServer, PostgresUnavailable
 from process_census import SHM, orphaned_segments
 from trials_seen import stores_seen
 
@@ -68,6 +71,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if seen:
             report.sections.append(("trials in the test's stores", seen))
     return report
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """This worker's PostgreSQL server (see :mod:`postgres_server`), started on first use.
+
+    Without one the ``postgres`` tier skips and says why, except on CI (``CI`` set), where
+    it must run: there a server that cannot start fails the tests.
+    """
+    try:
+        server = PostgresServer()
+    except (PostgresUnavailable, ImportError, OSError, subprocess.SubprocessError) as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and the PostgreSQL server cannot start: {error}")
+        pytest.skip(f"no PostgreSQL server: {error}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A ``postgresql://`` store URL of its own (a fresh schema) for one test."""
+    return postgres_server.url()
 
 
 # mpich keeps its shared-memory segments in /dev/shm and unlinks them at MPI_Finalize; the

@@ -127,7 +127,8 @@ def test_store_imports_only_config_errors_result_and_pandas() -> None:
     )
     for module in members("parsearch.store"):
         assert {n for n in internal(module) if not within(n, *allowed)} == set(), module
-        assert external(module) <= {"pandas", "numpy", "pyarrow"}, module
+        # psycopg: the PostgreSQL store's driver, imported only when one is opened.
+        assert external(module) <= {"pandas", "numpy", "pyarrow", "psycopg"}, module
 
 
 def test_estimate_is_pure() -> None:
@@ -254,7 +255,7 @@ def test_the_part_graph_sees_a_lazy_import() -> None:
     ["import parsearch", "import parsearch.cli", "import parsearch.trainers"],
 )
 def test_light_imports_load_no_heavy_package(statement: str) -> None:
-    heavy = ["torch", "mpi4py", "ray", "numpy", "pandas", "deephyper"]
+    heavy = ["torch", "mpi4py", "ray", "numpy", "pandas", "deephyper", "psycopg"]
     code = f"{statement}; import sys; print(sorted(set({heavy!r}) & set(sys.modules)))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

@@ -1,5 +1,5 @@
 """The lease as a fence: a driver that lost it writes nothing, takeover respects the holder,
-and a holder whose process exited on this host is taken over at once."""
+and a holder whose process exited on this host is taken over at once (on both stores)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from parsearch.cli import main
 from parsearch.config import ParallelLayout
 from parsearch.errors import CampaignLockedError, UsageError
 from parsearch.result import TrialResult, TrialState
-from parsearch.store import SQLiteStore, open_store
+from parsearch.store import SQLiteStore, is_postgres_url, open_store
 from parsearch.store.liveness import process_identity, provably_dead
 from parsearch.store.records import LeaseHolder
 from parsearch.store.schema import MIGRATIONS
@@ -36,19 +36,30 @@ def layout(gas: int) -> ParallelLayout:
     return ParallelLayout(tp=2, pp=1, dp=4, mbs=1, gas=gas)
 
 
-def _age_heartbeat(db: Path, campaign_id: int, seconds: float) -> None:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the fencing tests' store is: an SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    return str(tmp_path / "c.db")
+
+
+def _age_heartbeat(db: str, campaign_id: int, seconds: float) -> None:
     """Make the holder look silent for ``seconds`` (as if it was SIGSTOP'd that long)."""
+    update = "UPDATE leases SET heartbeat_at = heartbeat_at - {0} WHERE campaign_id = {0}"
+    if is_postgres_url(db):
+        import psycopg
+
+        with psycopg.connect(db) as server:  # commits as the block ends
+            server.execute(update.format("%s"), (seconds, campaign_id))
+        return
     conn = sqlite3.connect(db)
-    conn.execute(
-        "UPDATE leases SET heartbeat_at = heartbeat_at - ? WHERE campaign_id = ?",
-        (seconds, campaign_id),
-    )
+    conn.execute(update.format("?"), (seconds, campaign_id))
     conn.commit()
     conn.close()
 
 
-def test_a_stale_driver_cannot_write_after_a_takeover(tmp_path: Path) -> None:
-    db = tmp_path / "c.db"
+def test_a_stale_driver_cannot_write_after_a_takeover(db: str) -> None:
     with open_store(db) as stale, open_store(db) as fresh:
         campaign = stale.create_campaign("c", {})
         assert stale.acquire_lease(campaign.id, "a", stale_after_s=5.0) == 1
@@ -78,8 +89,7 @@ def test_a_stale_driver_cannot_write_after_a_takeover(tmp_path: Path) -> None:
         assert fresh.lease_holder(campaign.id).generation == 2
 
 
-def test_takeover_waits_for_the_holders_threshold_not_the_newcomers(tmp_path: Path) -> None:
-    db = tmp_path / "c.db"
+def test_takeover_waits_for_the_holders_threshold_not_the_newcomers(db: str) -> None:
     with open_store(db) as holder, open_store(db) as newcomer:
         campaign = holder.create_campaign("c", {})
         holder.acquire_lease(campaign.id, "a", stale_after_s=60.0)
@@ -110,7 +120,7 @@ def test_the_command_line_refuses_a_bad_lease_timeout(text, tmp_path, capsys) ->
     assert not (tmp_path / "s.db").exists()
 
 
-def _hold_then_die(db: Path, campaign_id: int) -> int:
+def _hold_then_die(db: str, campaign_id: int) -> int:
     """A real driver process takes the lease (60 s timeout) and is killed with SIGKILL."""
     code = (
         "import sys, time\n"
@@ -130,8 +140,7 @@ def _hold_then_die(db: Path, campaign_id: int) -> int:
 
 
 @pytest.mark.skipif(process_identity() is None, reason="needs /proc to prove a process dead")
-def test_a_holder_that_exited_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
-    db = tmp_path / "c.db"
+def test_a_holder_that_exited_on_this_host_is_taken_over_at_once(db: str) -> None:
     with open_store(db) as store:
         campaign = store.create_campaign("c", {})
     pid = _hold_then_die(db, campaign.id)
@@ -157,9 +166,8 @@ def test_liveness_is_certain_or_says_alive() -> None:
     assert provably_dead(child.pid, f"{namespace}/{started}")  # gone
 
 
-def test_a_live_holder_in_this_process_is_not_taken_over(tmp_path: Path) -> None:
+def test_a_live_holder_in_this_process_is_not_taken_over(db: str) -> None:
     """Same host, same pid, same start time: alive, so only staleness can end the lease."""
-    db = tmp_path / "c.db"
     with open_store(db) as first, open_store(db) as second:
         campaign = first.create_campaign("c", {})
         first.acquire_lease(campaign.id, "a", stale_after_s=60.0)

@@ -1,4 +1,5 @@
-"""The store's contract, run against a file store and an in-memory store (as optuna does)."""
+"""The store's contract, run against an SQLite file, an in-memory SQLite store and a PostgreSQL
+store (as optuna's storage tests run against every backend)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,23 @@ from parsearch.store import Campaign, CampaignStatus, SQLiteStore, Store, TrialR
 GIB = 2**30
 
 
-# Every implementation of the Store protocol, by name; a new one is added here and the whole
-# contract below runs against it.
-IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {
-    "sqlite-file": lambda tmp_path: SQLiteStore(tmp_path / "store.db"),
-    "sqlite-memory": lambda tmp_path: SQLiteStore(":memory:"),
+# Every implementation of the Store protocol, by name, opened from the test's request; a new
+# one is added here and the whole contract below runs against it.
+IMPLEMENTATIONS: dict[str, Callable[[pytest.FixtureRequest], Store]] = {
+    "sqlite-file": lambda request: SQLiteStore(request.getfixturevalue("tmp_path") / "store.db"),
+    "sqlite-memory": lambda request: SQLiteStore(":memory:"),
+    "postgresql": lambda request: open_store(request.getfixturevalue("postgres_url")),
 }
+# The parameters: the PostgreSQL one is the ``postgres`` tier (a server of its own).
+STORES = [
+    pytest.param(name, marks=[pytest.mark.postgres] if name == "postgresql" else [])
+    for name in sorted(IMPLEMENTATIONS)
+]
 
 
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    opened = IMPLEMENTATIONS[request.param](tmp_path)
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    opened = IMPLEMENTATIONS[request.param](request)
     try:
         yield opened
     finally:
@@ -474,15 +481,8 @@ def test_recent_finish_times_are_the_newest_finished_oldest_first(
     assert store.recent_finish_times(campaign.id, 50) == [t.finished_at for t in finished]
 
 
-@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
-def test_implementation_has_the_protocol_signatures(name: str, tmp_path: Path) -> None:
+def test_implementation_has_the_protocol_signatures(store: Store) -> None:
     """Each implementation's public methods take exactly the protocol's parameters."""
-    store = IMPLEMENTATIONS[name](tmp_path)
-    try:
-        for method in [
-            m for m in vars(Store) if not m.startswith("_") and callable(vars(Store)[m])
-        ]:
-            wanted = list(inspect.signature(getattr(Store, method)).parameters)[1:]
-            assert list(inspect.signature(getattr(store, method)).parameters) == wanted, method
-    finally:
-        store.close()
+    for method in [m for m in vars(Store) if not m.startswith("_") and callable(vars(Store)[m])]:
+        wanted = list(inspect.signature(getattr(Store, method)).parameters)[1:]
+        assert list(inspect.signature(getattr(store, method)).parameters) == wanted, method

@@ -49,6 +49,7 @@ from parsearch.store import (
     Store,
     TrialRecord,
     fidelity_note,
+    is_postgres_url,
     open_store,
 )
 
@@ -271,7 +272,11 @@ def resume_campaign(
     """
     if budget is not None:
         _check_budget(budget)
-    if str(store_path) != ":memory:" and not Path(store_path).exists():
+    if (
+        str(store_path) != ":memory:"
+        and not is_postgres_url(store_path)  # a server answers for itself when opened
+        and not Path(store_path).exists()
+    ):
         # Opening it to write would create an empty store where none was meant to be.
         raise UsageError(
             f"no store at {store_path}; check the path, or start a campaign there with "

@@ -1,5 +1,6 @@
 """The store's contract, as a :class:`typing.Protocol` that the driver, the lease and the
-read side are typed against; :class:`~parsearch.store.sqlite.SQLiteStore` implements it."""
+read side are typed against; :class:`~parsearch.store.sqlite.SQLiteStore` and
+:class:`~parsearch.store.postgres.PostgreSQLStore` implement it."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ class SQLiteStore:
     def __init__(
         self, path: str | os.PathLike[str], *, readonly: bool = False, timeout_s: float = 30.0
     ) -> None:
-        self._db = Database(path, readonly=readonly, timeout_s=timeout_s)
+        self._db = self._open_database(path, readonly=readonly, timeout_s=timeout_s)
         self.path = self._db.path
         self.readonly = readonly
         self._transaction = self._db.transaction
@@ -134,6 +134,21 @@ class SQLiteStore:
         except BaseException:
             self._db.close()
             raise
+
+    # The two statements whose SQL differs between SQLite and PostgreSQL (a subclass for
+    # another database overrides them, and :meth:`_open_database`): the devices a trial's
+    # layout ran on, from its JSON ``config``; and the ids of a JSON array parameter.
+    _DEVICES_SQL = (
+        "json_extract(config, '$.tp') * json_extract(config, '$.pp') * "
+        "COALESCE(proxy_dp, json_extract(config, '$.dp'))"
+    )
+    _JSON_IDS_SQL = "SELECT value FROM json_each(?)"
+
+    def _open_database(
+        self, path: str | os.PathLike[str], *, readonly: bool, timeout_s: float
+    ) -> Database:
+        """The connection and its transaction helper (see :mod:`.connection`)."""
+        return Database(path, readonly=readonly, timeout_s=timeout_s)
 
     def _prepare_schema(self) -> None:
         """Upgrade an old schema (read-write) or refuse it (read-only); refuse a newer one.
@@ -337,9 +352,15 @@ class SQLiteStore:
                     "SELECT lease_generation FROM campaigns WHERE id = ?", (campaign_id,)
                 ).fetchone()
             conn.execute(
-                "INSERT OR REPLACE INTO leases (campaign_id, owner, host, pid, acquired_at, "
+                # An upsert both SQLite and PostgreSQL speak (SQLite's INSERT OR REPLACE
+                # is its own dialect).
+                "INSERT INTO leases (campaign_id, owner, host, pid, acquired_at, "
                 "heartbeat_at, generation, stale_after_s, process) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (campaign_id) DO UPDATE SET "
+                "owner = excluded.owner, host = excluded.host, pid = excluded.pid, "
+                "acquired_at = excluded.acquired_at, heartbeat_at = excluded.heartbeat_at, "
+                "generation = excluded.generation, stale_after_s = excluded.stale_after_s, "
+                "process = excluded.process",
                 (
                     campaign_id,
                     owner,
@@ -657,6 +678,8 @@ class SQLiteStore:
         params: list[Any] = [campaign_id]
         if states is not None:
             wanted = [TrialState(s).value for s in states]
+            if not wanted:  # no state asked for (PostgreSQL refuses an empty IN list)
+                return []
             query += f" AND state IN ({', '.join('?' * len(wanted))})"
             params += wanted
         with self._transaction(f"reading the trials of campaign {campaign_id}", write=False) as c:
@@ -695,9 +718,8 @@ class SQLiteStore:
         layout they ran), by fidelity: ``full`` and ``proxy``; one aggregate query."""
         with self._transaction(f"adding up the trials of {campaign_id}", write=False) as c:
             rows = c.execute(
-                "SELECT proxy_dp IS NULL, SUM(duration_s * json_extract(config, '$.tp') * "
-                "json_extract(config, '$.pp') * COALESCE(proxy_dp, json_extract(config, '$.dp'))) "
-                "FROM trials WHERE campaign_id = ? AND duration_s IS NOT NULL GROUP BY 1",
+                f"SELECT proxy_dp IS NULL, SUM(duration_s * {self._DEVICES_SQL}) FROM trials "
+                "WHERE campaign_id = ? AND duration_s IS NOT NULL GROUP BY 1",
                 (campaign_id,),
             ).fetchall()
         totals = {"full": 0.0, "proxy": 0.0}
@@ -790,7 +812,7 @@ class SQLiteStore:
                     front.append(trial_id)
             rows = c.execute(
                 f"SELECT {TRIAL_COLUMNS} FROM trials WHERE id IN "
-                f"(SELECT value FROM json_each(?)) ORDER BY peak_mem_bytes, id",
+                f"({self._JSON_IDS_SQL}) ORDER BY peak_mem_bytes, id",
                 (to_json(front, "the Pareto front"),),
             ).fetchall()
         return trials_from_rows(rows)
