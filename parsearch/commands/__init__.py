@@ -16,4 +16,5 @@ COMMANDS: dict[str, str] = {
     "export": "write a campaign's trials to CSV or Parquet, or log them to MLflow",
     "report": "write PNG figures and an HTML page (index.html) for a campaign",
     "serve": "a live dashboard and JSON API over a store (read-only)",
+    "store": "work on a whole store: copy it between SQLite and PostgreSQL (store copy)",
 }
