@@ -121,6 +121,30 @@ def serving(store: Path, port: int, *extra: str, env: dict | None = None):
             server.communicate()
 
 
+@contextlib.contextmanager
+def serving_app(app):
+    """``app`` (``parsearch.serve.app.create_app``'s) served by uvicorn in a thread of this
+    process on 127.0.0.1 until the block ends: a test that already imported the service
+    skips the seconds a ``parsearch serve`` process takes to start."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "uvicorn stopped before it started serving"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 @dataclass
 class LoadResult:
     latencies_s: list[float] = field(default_factory=list)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from parsearch.config import AllocationSpec, ModelSpec
 from parsearch.errors import ParsearchError
+from parsearch.formats import trial_document
 from parsearch.result import TrialState
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, Store, TrialRecord
@@ -60,18 +62,21 @@ class Comparable:
         return dataclasses.replace(other, nodes=self.nodes) == self
 
     def describe(self) -> str:
-        m = self.model
-        shape = (
-            f"{m.arch} {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads"
-            + (f" ({m.num_kv_heads} kv)" if m.num_kv_heads else "")
-            + (f", ffn {m.ffn_hidden_size}" if m.ffn_hidden_size else "")
-            + f", vocab {m.vocab_size}, seq {m.seq_length}"
-        )
         return (
-            f"{shape} on {self.nodes} node{'s' if self.nodes != 1 else ''} x "
+            f"{model_shape(self.model)} on {self.nodes} node{'s' if self.nodes != 1 else ''} x "
             f"{self.devices_per_node} {self.device} ({format_bytes(self.device_memory_bytes)}, "
             f"{self.peak_flops_per_device / 1e12:g} TFLOP/s peak)"
         )
+
+
+def model_shape(m: ModelSpec) -> str:
+    """The fields :class:`Comparable` compares, in words: what makes two models the same."""
+    return (
+        f"{m.arch} {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads"
+        + (f" ({m.num_kv_heads} kv)" if m.num_kv_heads else "")
+        + (f", ffn {m.ffn_hidden_size}" if m.ffn_hidden_size else "")
+        + f", vocab {m.vocab_size}, seq {m.seq_length}"
+    )
 
 
 @dataclass(frozen=True)
@@ -159,3 +164,25 @@ def best_known(store: Store, wanted: Comparable, *, trainer: str | None = None) 
     # A measured layout answers before any predicted one, however fast that was predicted.
     layouts.sort(key=lambda known: (not known.measured, -(known.trial.tokens_per_s or 0.0)))
     return BestKnown(wanted, layouts, len(campaigns), others, unreadable)
+
+
+def across_document(known: BestKnown) -> dict[str, Any]:
+    """The answer as JSON data: what ``parsearch best --like --format json`` prints and
+    ``parsearch serve`` answers, so the two cannot drift apart."""
+    ranked = [
+        {
+            **trial_document(layout.trial, layout.campaign),
+            "trainer": layout.trainer,
+            "measured": layout.measured,
+            "provenance": layout.how,
+            "finished_at": layout.trial.finished_at,
+        }
+        for layout in known.layouts
+    ]
+    return {
+        "like": known.wanted.describe(),
+        "campaigns_in_store": known.campaigns_in_store,
+        "best": ranked[0],
+        "ranked": ranked,
+        "other_allocations": [{"campaign": n, "nodes": k} for n, k in known.other_allocations],
+    }

@@ -6,14 +6,12 @@ the campaign live (with a burst of concurrent clients), then, once it has finish
 every endpoint against the CLI, then load the page in headless Chromium.
 """
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -257,31 +255,12 @@ def test_the_page_draws_in_headless_chromium(live):
     assert not re.search(r'(src|href)="(https?:)?//', html)
 
 
-@contextlib.contextmanager
-def _server_in_thread(app):
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=serve_load.free_port(), log_level="error")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive()
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_token_is_checked_on_every_request(live):
     from parsearch.serve.app import create_app
 
-    with _server_in_thread(create_app(live[0], token="s3cret")) as base:
+    with serve_load.serving_app(create_app(live[0], token="s3cret")) as base:
         for path in ("/", "/static/dashboard.js", "/openapi.json", "/api/campaigns"):
             missing = _get(base, path)
             assert missing.status_code == 401 and "requires a token" in missing.json()["error"]

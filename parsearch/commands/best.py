@@ -9,11 +9,17 @@ import json
 import sys
 import time
 
-from parsearch.best_known import BestKnown, Comparable, KnownLayout, best_known
+from parsearch.best_known import (
+    BestKnown,
+    Comparable,
+    KnownLayout,
+    across_document,
+    best_known,
+)
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import add_store_arguments, memory_size
 from parsearch.errors import ParsearchError, UsageError
-from parsearch.formats import FORMATS, format_layout, trial_document
+from parsearch.formats import FORMATS, format_layout
 from parsearch.query import open_campaign
 from parsearch.result import TrialState
 from parsearch.units import count_of, format_bytes
@@ -135,23 +141,3 @@ def across_text(known: BestKnown) -> str:
     if not known.best.measured:
         lines.append("  (no comparable trial was measured: the figures are only predicted)")
     return "\n".join(lines)
-
-
-def across_document(known: BestKnown) -> dict:
-    ranked = [
-        {
-            **trial_document(layout.trial, layout.campaign),
-            "trainer": layout.trainer,
-            "measured": layout.measured,
-            "provenance": layout.how,
-            "finished_at": layout.trial.finished_at,
-        }
-        for layout in known.layouts
-    ]
-    return {
-        "like": known.wanted.describe(),
-        "campaigns_in_store": known.campaigns_in_store,
-        "best": ranked[0],
-        "ranked": ranked,
-        "other_allocations": [{"campaign": n, "nodes": k} for n, k in known.other_allocations],
-    }

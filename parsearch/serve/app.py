@@ -126,6 +126,17 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
 
         return read(name, answer)
 
+    @app.get("/api/campaigns/{name}/best-known", tags=["results"])
+    def best_known(
+        name: str,
+        trainer: str | None = Query(None, description="only campaigns of this trainer kind"),
+    ) -> dict[str, Any]:
+        """The best layout any campaign of the store found for this campaign's model on its
+        allocation (same shape, nodes, devices per node, device kind), ranked by tokens/s
+        with provenance: `parsearch best --like SPACE --format json` with the campaign's
+        space; 404, naming the same model at other node counts, when nothing compares."""
+        return read(name, views.best_across, trainer)
+
     @app.get("/api/campaigns/{name}/top", tags=["results"])
     def top(
         name: str,

@@ -9,6 +9,8 @@ json``, the figures' tables are :mod:`parsearch.report.data`'s.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import time
@@ -16,14 +18,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parsearch.best_known import Comparable, across_document, best_known, model_shape
 from parsearch.config import RECOMPUTE_CHOICES
 from parsearch.errors import ParsearchError
+from parsearch.estimate.flops import param_count
 from parsearch.formats import format_layout, trial_document
 from parsearch.inputs import MAX_BUDGET
 from parsearch.query import CampaignProgress, campaign_status
 from parsearch.result import TrialState
-from parsearch.space import MAX_INT
-from parsearch.store import Campaign, CampaignStatus, SQLiteStore, TrialRecord, open_store
+from parsearch.space import MAX_INT, space_from_dict
+from parsearch.store import (
+    Campaign,
+    CampaignStatus,
+    SQLiteStore,
+    Store,
+    TrialRecord,
+    open_store,
+)
 from parsearch.trainer_flags import EXPORTERS
 from parsearch.units import parse_bytes
 
@@ -40,6 +51,8 @@ CHOICE_FILTERS = {"recompute": RECOMPUTE_CHOICES}
 BOOL_FILTERS = ("sequence_parallel",)
 TRIAL_FILTERS = ("state", *INT_FILTERS, *CHOICE_FILTERS, *BOOL_FILTERS)
 PAGE_PARAMS = {"limit": (1, MAX_COUNT), "offset": (0, MAX_COUNT)}
+# Why a stored space no longer loads is cut to this in the campaigns' list.
+MAX_SPACE_ERROR_CHARS = 300
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -91,29 +104,84 @@ class StoreReader:
         return open_store(self.path, readonly=True)
 
     def campaigns(self) -> list[dict[str, Any]]:
-        """Every campaign, newest first, with ``live``: whether a driver runs it now (one
-        marked running whose driver was killed is not live)."""
+        """Every campaign, newest first, as the front page lists it (:func:`listing`)."""
+        now = time.time()
         with self.open() as store:
             found = sorted(store.list_campaigns(), key=lambda c: -c.created_at)
-            drivers = {
-                c.id: store.lease_holder(c.id) for c in found if c.status is CampaignStatus.RUNNING
-            }
-        now = time.time()
-        return [
-            {
-                **campaign_summary(c),
-                "live": c.status is CampaignStatus.RUNNING
-                and _progress(c, drivers[c.id], now).live,
-            }
-            for c in found
-        ]
+            return [listing(store, campaign, now) for campaign in found]
 
 
-def _progress(campaign: Campaign, driver: Any, now: float) -> CampaignProgress:
-    """Just enough of a campaign's progress to say whether its driver is alive."""
-    return CampaignProgress(
-        campaign=campaign, counts={}, best=None, rate_per_s=None, driver=driver, read_at=now
+def listing(store: Store, campaign: Campaign, now: float) -> dict[str, Any]:
+    """A campaign's line in a store of many: what it trains on what (:func:`described`),
+    how far it got, its best trial, and ``live``: whether a driver runs it now (one marked
+    running whose driver was killed is not live)."""
+    running = campaign.status is CampaignStatus.RUNNING
+    progress = CampaignProgress(
+        campaign=campaign,
+        counts=store.counts(campaign.id),
+        best=store.best(campaign.id),
+        rate_per_s=None,
+        driver=store.lease_holder(campaign.id) if running else None,
+        read_at=now,
     )
+    best = progress.best
+    source = campaign.space_path or campaign.name
+    return {
+        **campaign_summary(campaign),
+        **described(json.dumps(campaign.space, sort_keys=True), source),
+        "live": progress.live,
+        "finished": progress.finished,
+        "best": None
+        if best is None
+        else {
+            "trial": best.number,
+            "layout_short": best.layout.short(),
+            "tokens_per_s": best.tokens_per_s,
+            "fidelity": best.fidelity,
+        },
+    }
+
+
+def parameters(count: int) -> str:
+    """A parameter count as models are named: 175B, 1.01T, 124M."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g}{unit}"
+    return str(count)
+
+
+@functools.lru_cache(maxsize=1024)
+def described(space_json: str, source: str) -> dict[str, Any]:
+    """The model and allocation of a stored space, in the list's words. A stored space never
+    changes and loading one takes ~10 ms, so each is read once per server; one that no longer
+    loads (a space from an older release) is listed with why, not left to fail the list."""
+    raw = json.loads(space_json)
+    try:
+        space = space_from_dict(raw, source=source)
+    except ParsearchError as error:
+        model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+        return {
+            "model": {"name": str(model.get("name", "?"))[:80], "summary": None},
+            "allocation": None,
+            "space_error": str(error)[:MAX_SPACE_ERROR_CHARS],
+        }
+    m, a = space.model, space.allocation
+    return {
+        "model": {
+            "name": m.name,
+            "parameters": param_count(m),
+            "summary": f"{parameters(param_count(m))} params: {model_shape(m)}",
+        },
+        "allocation": {
+            "name": a.name,
+            "nodes": a.nodes,
+            "devices_per_node": a.devices_per_node,
+            "device": a.device,
+            "device_memory_bytes": a.device_memory_bytes,
+            "peak_flops_per_device": a.peak_flops_per_device,
+        },
+        "space_error": None,
+    }
 
 
 def campaign_summary(campaign: Campaign) -> dict[str, Any]:
@@ -177,6 +245,23 @@ def best_exports(record: TrialRecord, campaign: Campaign) -> dict[str, dict[str,
         except ParsearchError as error:
             exports[name] = {"text": None, "error": str(error)}
     return exports
+
+
+def best_across(store: Store, campaign: Campaign, trainer: str | None) -> dict[str, Any]:
+    """The best layout any campaign of the store found for this campaign's model on its
+    allocation: ``parsearch best --like SPACE --format json`` with this campaign's space;
+    :class:`NotFound`, saying what the store holds, when nothing compares."""
+    try:
+        space = space_from_dict(campaign.space, source=campaign.space_path or campaign.name)
+    except ParsearchError as error:
+        raise NotFound(
+            f"campaign '{campaign.name}': its stored space no longer loads, so nothing can be "
+            f"compared with it: {error}"
+        ) from None
+    known = best_known(store, Comparable.of(space), trainer=trainer)
+    if not known.layouts:
+        raise NotFound(known.nothing_comparable())
+    return plain(across_document(known))
 
 
 def top(

@@ -723,6 +723,82 @@ async function refresh() {
   view.timer = setTimeout(refresh, wait);
 }
 
+// ---- the list of a store's campaigns ----------------------------------------------------
+
+// This page for `campaign` (the list without one), keeping the token it was opened with.
+function pageHref(campaign) {
+  const query = new URLSearchParams();
+  if (campaign) query.set("campaign", campaign);
+  if (token) query.set("token", token);
+  return `?${query}`;
+}
+
+// A table cell: its figure (a text or a node) over a line of detail.
+function listCell(key, main, detail = null) {
+  const td = document.createElement("td");
+  td.className = key;
+  td.append(main);
+  if (detail) {
+    const line = document.createElement("div");
+    line.className = "detail";
+    line.textContent = detail;
+    td.append(line);
+  }
+  return td;
+}
+
+// One row per campaign: what it trains on what, how far it got and its best trial; the
+// campaign's name opens its page.
+function drawCampaignList(campaigns) {
+  const fragment = document.createDocumentFragment();
+  for (const c of campaigns) {
+    const tr = document.createElement("tr");
+    tr.dataset.campaign = c.name;
+    const link = document.createElement("a");
+    link.href = pageHref(c.name);
+    link.textContent = c.name;
+    const state = document.createElement("span");
+    state.className = `pill ${activity(c).replace(" ", "-")}`;
+    state.textContent = activity(c);
+    const a = c.allocation;
+    const best = c.best;
+    tr.append(
+      listCell("name", link, `${c.backend} backend, objective ${c.objective_metric}`),
+      listCell("model", c.model.name, c.model.summary ?? `its stored space no longer loads: ${c.space_error}`),
+      a ? listCell("allocation", `${a.nodes} × ${a.devices_per_node} ${a.device}`,
+                   `${bytes(a.device_memory_bytes)}, ${fixed(a.peak_flops_per_device / 1e12, 4)} TFLOP/s peak · ${a.name}`)
+        : listCell("allocation", "–"),
+      listCell("state", state),
+      listCell("trials num", `${c.finished} / ${c.budget ?? "?"}`),
+      best ? listCell("best num", si(best.tokens_per_s),
+                      `${best.layout_short} (#${best.trial}${best.fidelity === "proxy" ? ", predicted from a proxy" : ""})`)
+        : listCell("best num", "–"),
+    );
+    fragment.appendChild(tr);
+  }
+  document.querySelector("#campaigns tbody").replaceChildren(fragment);
+  document.getElementById("campaign-count").textContent =
+    `${campaigns.length} in this store, newest first`;
+}
+
+// The list, polled as often as the liveliest campaign in it.
+function showList(campaigns) {
+  drawCampaignList(campaigns);
+  document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  document.body.dataset.state = "ready";
+  const moving = campaigns.some((c) => activity(c) === "running" || c.status === "created");
+  view.timer = setTimeout(refreshList, moving ? POLL_RUNNING_MS : POLL_IDLE_MS);
+}
+
+async function refreshList() {
+  try {
+    showList(await api("campaigns"));
+  } catch (error) {
+    document.getElementById("updated").textContent = `update failed: ${error.message}`;
+    view.timer = setTimeout(refreshList, POLL_RUNNING_MS);
+  }
+}
+
 async function start() {
   if (token) document.getElementById("openapi-link").href = `openapi.json?token=${encodeURIComponent(token)}`;
   const campaigns = await api("campaigns");
@@ -733,10 +809,26 @@ async function start() {
     reportError("the store holds no campaign yet");
     return;
   }
-  if (!campaigns.some((c) => c.name === view.campaign)) view.campaign = campaigns[0].name;
+  const named = campaigns.some((c) => c.name === view.campaign);
+  // A store of many campaigns opens on their list; a store of one, or a URL naming one of
+  // them, on that campaign's page.
+  if (!named && campaigns.length > 1) {
+    if (view.campaign) reportError(`no campaign "${view.campaign}" in this store: pick one below`);
+    document.body.dataset.view = "list";
+    for (const id of ["campaign-view", "campaign", "campaign-status"]) document.getElementById(id).hidden = true;
+    document.getElementById("campaign-list").hidden = false;
+    showList(campaigns);
+    return;
+  }
+  document.body.dataset.view = "campaign";
+  const back = document.getElementById("all-campaigns");
+  back.href = pageHref(null);
+  back.hidden = campaigns.length < 2;
+  if (!named) view.campaign = campaigns[0].name;
   select.value = view.campaign;
   select.addEventListener("change", () => {
     view.campaign = select.value;
+    history.replaceState(null, "", pageHref(view.campaign));
     view.importance = null;
     document.getElementById("trial-detail").hidden = true;
     refresh();
