@@ -11,9 +11,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.e2e]
 DRIVERS, TRIALS, KILLS = 8, 200, 3
 
 
-@pytest.mark.parametrize("kind", ["sqlite"])
-def test_eight_drivers_at_once_lose_and_repeat_nothing(tmp_path, kind):
-    store = str(tmp_path / "shared.db")
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_eight_drivers_at_once_lose_and_repeat_nothing(tmp_path, kind, request):
+    """The same test on both stores: a SQLite file, and a schema of a PostgreSQL server."""
+    store = (
+        str(tmp_path / "shared.db") if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    )
     outcome = many_drivers.run(
         store, tmp_path, drivers=DRIVERS, trials=TRIALS, kills=KILLS, readers=2, seed=7
     )

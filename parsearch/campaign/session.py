@@ -354,7 +354,13 @@ def _with_store_warm_start(
     recorded with the campaign's settings so that a resume rebuilds the same strategy."""
     if settings.warm_start is not None or not settings.auto_warm_start:
         return settings
-    if settings.strategy != "default" or not Path(store_path).is_file():
+    if is_postgres_url(store_path):
+        where = str(store_path)
+    elif Path(store_path).is_file():  # not ":memory:", which no later session could reopen
+        where = str(Path(store_path).resolve())
+    else:
+        return settings
+    if settings.strategy != "default":
         return settings
     found = store_warm_start_source(store, space)
     if found is None:
@@ -367,9 +373,7 @@ def _with_store_warm_start(
         "turns it off",
         file=sys.stderr,
     )
-    return dataclasses.replace(
-        settings, warm_start=str(Path(store_path).resolve()), warm_start_name=source.name
-    )
+    return dataclasses.replace(settings, warm_start=where, warm_start_name=source.name)
 
 
 def _profile_record(space: SearchSpace) -> dict[str, Any]:

@@ -20,19 +20,21 @@ from parsearch.errors import ParsearchError
 from parsearch.result import TrialState
 from parsearch.scaling import chosen_campaign
 from parsearch.space import SearchSpace, space_from_dict
-from parsearch.store import Campaign, Store, open_store
+from parsearch.store import Campaign, Store, is_postgres_url, open_store
 
 if TYPE_CHECKING:
     from parsearch.search.warm_start import WarmStart
 
 
 def load_warm_start(path: str | Path, name: str | None = None) -> WarmStart:
-    """The measurements of campaign ``name`` (default: the newest) of the store at ``path``."""
+    """The measurements of campaign ``name`` (default: the newest) of the store at ``path``
+    (a SQLite file or a ``postgresql://`` URL)."""
     from parsearch.search.warm_start import WarmStartError, warm_start_from  # numpy
 
-    path = Path(path)
-    if not path.is_file():
-        raise WarmStartError(f"--warm-start: no store at {path}")
+    if not is_postgres_url(path):
+        path = Path(path)
+        if not path.is_file():
+            raise WarmStartError(f"--warm-start: no store at {path}")
     try:
         with open_store(path, readonly=True) as store:
             campaign = chosen_campaign(store, name)
