@@ -187,14 +187,22 @@ def test_a_measured_layout_answers_before_a_faster_simulated_one(tmp_path, capsy
     assert "only predicted" not in out, out
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_a_new_campaign_warm_starts_from_the_nearest_node_count_in_its_store(
-    shared, tmp_path, capsys
+    shared, tmp_path, capsys, kind, request
 ):
+    """On a copy of the shared store: a SQLite file, or a PostgreSQL schema (store copy)."""
     db, paths = shared
     model = "gpt-22b-frontier"
     nodes = load_space(SPACES / f"{model}.yaml").allocation.nodes
-    copy = tmp_path / "copy.db"
-    copy.write_bytes(Path(db).read_bytes())
+    if kind == "sqlite":
+        copy = tmp_path / "copy.db"
+        copy.write_bytes(Path(db).read_bytes())
+        where = str(copy.resolve())
+    else:
+        copy = where = request.getfixturevalue("postgres_url")
+        code, _, err = _cli(capsys, "store", "copy", str(db), copy)
+        assert code == 0, err
     run = ("--store", str(copy), "--backend", "simulate", "--budget", "3", "--quiet")
     bigger = variant(tmp_path, model, nodes * 2)
     code, _, err = _cli(capsys, "run", str(bigger), *run)
@@ -204,7 +212,7 @@ def test_a_new_campaign_warm_starts_from_the_nearest_node_count_in_its_store(
     assert f"{nodes} nodes; 8 finished trials" in err, err
     with open_store(copy, readonly=True) as store:
         settings = store.get_campaign(bigger.stem).settings
-    assert (settings["warm_start"], settings["warm_start_name"]) == (str(copy.resolve()), nearest)
+    assert (settings["warm_start"], settings["warm_start_name"]) == (where, nearest)
     code, _, err = _cli(capsys, "resume", "--store", str(copy), "--name", bigger.stem,
                           "--budget", "4", "--quiet")  # fmt: skip
     assert code == 0 and "warm start" not in err, err  # resumed with the stored source
