@@ -5,7 +5,7 @@ what is measured is the store, not the search) are driven at once by as many ``p
 run`` processes into one store, while ``--readers`` processes read it without pause (the
 campaign list, each campaign's counts and best, the best known layout across campaigns) and
 ``parsearch serve`` over the same store is polled. With ``--kill K``, K drivers chosen at
-random are killed with SIGKILL, each after a random number of its trials, and resumed once
+random are killed with SIGKILL, each at a random moment, and resumed once
 the others have finished. Then every campaign must hold exactly its budget of trials,
 numbered without a gap, one per layout, every one finished, and every trial a killed
 driver had recorded before its kill must be there unchanged. Prints trials recorded per
@@ -36,6 +36,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = ROOT / "search_spaces" / "gpt-22b-frontier.yaml"
+# Each simulated trial "runs" this long on each of a driver's 2 slots, so a driver of 200
+# trials runs at least 10 s and a kill timed within KILL_WINDOW_S of its start lands before
+# it finishes however loaded the machine is (kills timed by counting its trials in the store
+# were missed under load: a driver finished before the counting read saw its threshold).
+TRIAL_DELAY_S = 0.1
+KILL_WINDOW_S = (2.0, 7.0)
 READER = """
 import sys, time
 from pathlib import Path
@@ -104,28 +110,34 @@ def drive(store: str, space: Path, trials: int, seed: int) -> subprocess.Popen:
     return subprocess.Popen(
         _parsearch("run", str(space), "--store", store, "--backend", "simulate",
                    "--strategy", "random", "--budget", str(trials), "--seed", str(seed),
-                   "--slots", "2", "--quiet", "--no-auto-warm-start"),
+                   "--slots", "2", "--quiet", "--no-auto-warm-start",
+                   "--backend-opt", f"delay={TRIAL_DELAY_S}"),
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 def finished_trials(store: str, name: str) -> dict[int, tuple]:
-    """``name``'s finished trials: number -> (key, state, objective, finished_at)."""
+    """``name``'s finished trials: number -> (key, state, objective, finished_at); a read
+    the writers keep busy is tried again, for up to a minute."""
     from parsearch.errors import ParsearchError
     from parsearch.store import open_store
 
-    try:
-        with open_store(store, readonly=True) as opened:
-            campaign = next((c for c in opened.list_campaigns() if c.name == name), None)
-            if campaign is None:
-                return {}
-            return {
-                t.number: (t.key, t.state.value, t.objective, t.finished_at)
-                for t in opened.trials(campaign.id)
-                if t.finished_at is not None
-            }
-    except ParsearchError:
-        return {}  # not created yet: read again later
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with open_store(store, readonly=True) as opened:
+                campaign = next((c for c in opened.list_campaigns() if c.name == name), None)
+                if campaign is None:
+                    return {}
+                return {
+                    t.number: (t.key, t.state.value, t.objective, t.finished_at)
+                    for t in opened.trials(campaign.id)
+                    if t.finished_at is not None
+                }
+        except ParsearchError as error:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{store}: no read of campaign {name} in 60 s") from error
+            time.sleep(0.2)
 
 
 def check(store: str, names: list[str], trials: int, before_kill: dict[str, dict]) -> list[str]:
@@ -212,16 +224,18 @@ def run(
         name: drive(store, path, trials, i)
         for i, (name, path) in enumerate(zip(names, paths, strict=True))
     }
-    victims = {name: chooser.randrange(5, trials - 5) for name in chooser.sample(names, kills)}
+    victims = {
+        name: began + chooser.uniform(*KILL_WINDOW_S) for name in chooser.sample(names, kills)
+    }
     before_kill: dict[str, dict] = {}
     failures = []
     try:
         while victims:
-            for name, after in list(victims.items()):
+            for name, when in list(victims.items()):
                 if procs[name].poll() is not None:
-                    failures.append(f"{name}: finished before its kill at {after} trials")
+                    failures.append(f"{name}: finished before its kill at {when - began:.1f} s")
                     del victims[name]
-                elif len(finished_trials(store, name)) >= after:
+                elif time.monotonic() >= when:
                     procs[name].send_signal(signal.SIGKILL)
                     procs[name].wait(60)
                     before_kill[name] = finished_trials(store, name)
@@ -234,7 +248,10 @@ def run(
                 failures.append(f"{name}: exit {proc.returncode}: {err[-1000:]}")
         for name in before_kill:  # the killed drivers' campaigns, continued to their budget
             done = subprocess.run(
-                _parsearch("resume", "--store", store, "--name", name, "--quiet"),
+                # run --resume: it also starts a campaign the kill came before
+                _parsearch("run", str(folder / f"{name}.yaml"), "--store", store, "--resume",
+                           "--backend", "simulate", "--quiet", "--no-auto-warm-start",
+                           "--strategy", "random", "--budget", str(trials)),
                 cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
             )  # fmt: skip
             if done.returncode != 0:

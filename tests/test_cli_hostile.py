@@ -369,12 +369,14 @@ def test_a_killed_trials_temporary_directory_is_owned_and_cleaned(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert "running" in child.stderr.readline()
-    # Killed once both of its directories exist (its working directory, made first, and the
-    # node's scratch directory, made when the node starts): which exist at a kill right after
-    # "running" is a race (CI once saw both where the test expected one).
+    # Killed once both of its directories exist with their owner markers (its working
+    # directory, made first, and the node's scratch directory, made when the node starts):
+    # which exist at a kill right after "running" is a race (CI once saw both where the test
+    # expected one), and a kill between a directory and its marker leaves it unowned.
     node_scratch = scratch / f"parsearch-trial-p{child.pid}-dry-run-n0"
     deadline = time.monotonic() + 60
-    while not node_scratch.exists() and time.monotonic() < deadline and child.poll() is None:
+    marker = node_scratch / ".parsearch-owner"  # written just after the directory is made
+    while not marker.exists() and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
     child.wait(30)
