@@ -35,6 +35,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from parsearch.errors import StoreError, StoreFullError
@@ -144,30 +145,40 @@ class Database:
         except sqlite3.Error as exc:
             raise self.error(exc, "opening it") from exc
 
+    # The driver's error type, which the transaction helper maps to a StoreError.
+    driver_error: type[Exception] = sqlite3.Error
+
     @contextlib.contextmanager
-    def transaction(self, action: str, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+    def transaction(self, action: str, *, write: bool = True) -> Iterator[Any]:
         """Run the block as one transaction: committed when it ends, rolled back if it raises.
 
         ``action`` completes "while ..." in error messages. A write takes the write lock at
-        ``BEGIN`` (IMMEDIATE), waiting up to ``timeout_s`` for another writer; a read sees
-        one consistent snapshot across its statements.
+        its start (:meth:`_begin`), waiting up to ``timeout_s`` for another writer; a read
+        sees one consistent snapshot across its statements. The one helper of every store:
+        :class:`~.postgres.PostgresDatabase` says only how it begins.
         """
         if write and self.readonly:
             raise StoreError(
                 f"store {self.path} is open read-only; {action} needs a command that writes"
             )
         with self._lock:
-            conn = self._conn
             try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+                self._begin(write)
+                yield self._statements()
+                self._conn.execute("COMMIT")
+            except self.driver_error as exc:
                 self._rollback()
                 raise self.error(exc, action) from exc
             except BaseException:
                 self._rollback()
                 raise
+
+    def _begin(self, write: bool) -> None:
+        self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def _statements(self) -> Any:
+        """What the block of a transaction executes its statements on."""
+        return self._conn
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import parsearch.store.schema as schema
 from parsearch.errors import StoreError
+from parsearch.store.connection import Database
 from parsearch.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -178,8 +179,9 @@ class _Connection:
         return _Cursor(cursor, None if row is None else int(row[0]))
 
 
-class PostgresDatabase:
-    """One psycopg connection, with the transaction helper every statement goes through.
+class PostgresDatabase(Database):
+    """One psycopg connection under :class:`~.connection.Database`'s transaction helper
+    (it says how a transaction begins; the helper commits, rolls back and maps errors).
 
     Like :class:`~.connection.Database`: statements are serialised on a lock (a heartbeat
     thread beside the driver loop), and every database error leaves as a
@@ -195,6 +197,7 @@ class PostgresDatabase:
                 "pip install 'parsearch[postgres]'"
             ) from None
         self._psycopg = psycopg
+        self.driver_error = psycopg.Error
         self.readonly = readonly
         self.timeout_s = timeout_s
         self.path = shown_url(url)
@@ -216,34 +219,17 @@ class PostgresDatabase:
             self._conn.close()
             raise self.error(exc, "opening it") from exc
 
-    @contextlib.contextmanager
-    def transaction(self, action: str, *, write: bool = True) -> Iterator[_Connection]:
-        """Run the block as one transaction: committed when it ends, rolled back if it raises.
+    def _begin(self, write: bool) -> None:
+        """A write takes the store's write lock (one writer at a time, as SQLite's ``BEGIN
+        IMMEDIATE``), waiting up to ``timeout_s``; a read sees one snapshot."""
+        if write:
+            self._conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_KEY,))
+        else:
+            self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
-        A write first takes the store's write lock (one writer at a time, as SQLite's
-        ``BEGIN IMMEDIATE``), waiting up to ``timeout_s``; a read sees one snapshot.
-        """
-        if write and self.readonly:
-            raise StoreError(
-                f"store {self.path} is open read-only; {action} needs a command that writes"
-            )
-        psycopg = self._psycopg
-        with self._lock:
-            conn = self._conn
-            try:
-                if write:
-                    conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_KEY,))
-                else:
-                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield _Connection(conn)
-                conn.execute("COMMIT")
-            except psycopg.Error as exc:
-                self._rollback()
-                raise self.error(exc, action) from exc
-            except BaseException:
-                self._rollback()
-                raise
+    def _statements(self) -> _Connection:
+        return _Connection(self._conn)
 
     def _rollback(self) -> None:
         # A broken connection cannot roll back; the caller's error is the one to report.
