@@ -6,13 +6,21 @@ records its owner's pid in its name and the owner's identity in a marker file, a
 one first removes those whose owner is provably dead (see :mod:`parsearch.store.liveness`):
 the next ``run`` or ``resume`` cleans what a dead driver left. A directory whose owner may be
 alive, or that another host or container made, is never touched.
+
+A directory appears under its name already marked: it is made under a staging name that
+itself encodes the owner's identity, marked, then renamed. A kill between ``mkdir`` and the
+marker's write would otherwise leave a directory that names no owner, which nothing may
+ever remove; a staging leftover names its owner and goes like any other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +29,48 @@ from parsearch.store.liveness import process_identity, provably_dead
 
 _OWNER_FILE = ".parsearch-owner"
 _NAME = re.compile(r"^parsearch-[a-z]+-p(\d+)-")
+_STAGING = re.compile(r"^\.parsearch-staging-p(\d+)-([0-9a-f]{12})-(\d+)-")
+
+
+def _digest(namespace: str) -> str:
+    """A file-name-safe stand-in for an identity's boot and pid namespace (it holds ``/``)."""
+    return hashlib.sha256(namespace.encode()).hexdigest()[:12]
+
+
+def _staging_prefix(identity: str | None) -> str:
+    """The name a directory is made under before it is marked: its owner's pid, namespace
+    digest and start time, so that a leftover is judged without a marker."""
+    if identity is None:
+        return f".parsearch-staging-p{os.getpid()}-unknown-"
+    namespace, _, started = identity.rpartition("/")
+    return f".parsearch-staging-p{os.getpid()}-{_digest(namespace)}-{started}-"
+
+
+def _owner_of(entry: Path) -> tuple[int, str | None] | None:
+    """The pid and identity that ``entry`` records (in its marker, or a staging name), or
+    ``None`` when it is not a parsearch directory."""
+    staging = _STAGING.match(entry.name)
+    if staging is not None:
+        pid, digest, started = staging.groups()
+        namespace = (process_identity() or "").rpartition("/")[0]
+        same_namespace = bool(namespace) and _digest(namespace) == digest
+        return int(pid), f"{namespace}/{started}" if same_namespace else None
+    match = _NAME.match(entry.name)
+    if match is None:
+        return None
+    try:
+        identity = (entry / _OWNER_FILE).read_text().strip() or None
+    except OSError:
+        return None
+    return int(match.group(1)), identity
+
+
+def _marked_directory(parent: Path) -> Path:
+    """A new directory under ``parent`` holding its owner marker, under a staging name."""
+    identity = process_identity()
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(identity), dir=parent))
+    (staging / _OWNER_FILE).write_text(identity or "")
+    return staging
 
 
 def remove_dead_owners(root: Path | None = None) -> list[Path]:
@@ -29,14 +79,8 @@ def remove_dead_owners(root: Path | None = None) -> list[Path]:
     removed = []
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
-            match = _NAME.match(entry.name)
-            if match is None or not entry.is_dir():
-                continue
-            try:
-                identity = (entry / _OWNER_FILE).read_text().strip() or None
-            except OSError:
-                continue
-            if provably_dead(int(match.group(1)), identity):
+            owner = _owner_of(entry) if entry.is_dir() else None
+            if owner is not None and provably_dead(*owner):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
@@ -45,9 +89,17 @@ def remove_dead_owners(root: Path | None = None) -> list[Path]:
 def owned_tempdir(kind: str) -> Path:
     """A new directory ``TMPDIR/parsearch-<kind>-p<pid>-XXXX``, after cleaning dead ones."""
     remove_dead_owners()
-    path = Path(tempfile.mkdtemp(prefix=f"parsearch-{kind}-p{os.getpid()}-"))
-    (path / _OWNER_FILE).write_text(process_identity() or "")
-    return path
+    root = Path(tempfile.gettempdir())
+    staging = _marked_directory(root)
+    while True:
+        path = root / f"parsearch-{kind}-p{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.rename(staging, path)  # onto a taken name it fails: ours are never empty
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        else:
+            return path
 
 
 def owned_path(kind: str, tag: str) -> Path:
@@ -60,8 +112,8 @@ def owned_path(kind: str, tag: str) -> Path:
 def make_owned(path: Path) -> Path:
     """Make ``path`` (from :func:`owned_path`) afresh, empty but for its owner marker, after
     cleaning dead owners' directories; a leftover of an earlier attempt is removed first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_owners(path.parent)
     shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    (path / _OWNER_FILE).write_text(process_identity() or "")
+    os.rename(_marked_directory(path.parent), path)
     return path
