@@ -6,8 +6,10 @@ and the postmaster run as an unprivileged user (PostgreSQL refuses root, and the
 run as root: then as ``nobody``, through ``setpriv``, which execs so the child's PID is the
 postmaster's), listen only on a Unix socket in that directory (no TCP port to collide with
 another worker or a server of the host), and are stopped by that PID when the session ends,
-whatever happened. Each test gets a schema of its own in the one database, which is far
-cheaper than a database per test.
+whatever happened. A session killed outright (``kill -9`` of pytest) cannot stop it, so
+the postmaster also gets a parent-death signal: it shuts down when the worker that started it
+dies. Each test gets a schema of its own in the one database, which is far cheaper than a
+database per test.
 """
 
 from __future__ import annotations
@@ -52,12 +54,18 @@ def _major(initdb: str) -> int:
 
 
 def _as_user() -> tuple[list[str], int | None, int | None]:
-    """The command prefix that drops root (none when not root), with its uid and gid."""
+    """The command prefix that drops root (when root), with its uid and gid."""
     if os.geteuid() != 0:
         return [], None, None
     nobody = pwd.getpwnam("nobody")
     prefix = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
     return prefix, nobody.pw_uid, nobody.pw_gid
+
+
+def _dies_with_parent(prefix: list[str]) -> list[str]:
+    """``prefix`` with a parent-death signal of SIGINT (a fast shutdown) set just before the
+    exec: setpriv sets it after changing user, where the kernel would otherwise clear it."""
+    return [*(prefix or ["setpriv"]), "--pdeathsig", "INT"]
 
 
 class PostgresServer:
@@ -100,7 +108,7 @@ class PostgresServer:
             with open(log, "wb") as log_file:
                 self._process = subprocess.Popen(
                     [
-                        *prefix,
+                        *_dies_with_parent(prefix),
                         str(binaries / "postgres"),
                         "-D",
                         str(data),
