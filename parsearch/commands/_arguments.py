@@ -12,9 +12,20 @@ from parsearch.errors import UsageError
 from parsearch.inputs import budget, crash_limit, grace_seconds, option, seconds, slots
 from parsearch.units import parse_bytes
 
+# What ``--store`` accepts, said once for every command: an SQLite file or a PostgreSQL URL
+# (parsearch.store.open_store tells them apart by the URL's scheme).
+STORE_METAVAR = "FILE.db|URL"
+STORE_HELP = "results store: an SQLite file, or a postgresql://user@host/dbname URL"
+
+
+def add_store_option(parser: argparse.ArgumentParser, help: str = STORE_HELP) -> None:
+    """``--store``, as every command that reads or writes a store takes it."""
+    parser.add_argument("--store", required=True, metavar=STORE_METAVAR, help=help)
+
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    """``--store`` and ``--name``: the query commands' way of naming one campaign."""
+    add_store_option(parser)
     parser.add_argument(
         "--name", help="campaign name (default: the space's name for run, the newest for others)"
     )

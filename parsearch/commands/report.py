@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from parsearch.commands import COMMANDS
-from parsearch.commands._arguments import rows
+from parsearch.commands._arguments import add_store_option, rows
 from parsearch.errors import UsageError
 from parsearch.query import open_campaign
 
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "top trials into DIR/index.html. Opens the store read-only, so it can run while the "
         "campaign does.",
     )
-    parser.add_argument("--store", required=True, help="results store (SQLite file)")
+    add_store_option(parser)
     parser.add_argument("--name", help="campaign name (default: the latest campaign)")
     parser.add_argument("--out", required=True, help="directory for index.html and PNGs")
     parser.add_argument("--top", type=rows, default=10, help="rows in the top table (default 10)")

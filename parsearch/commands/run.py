@@ -8,7 +8,13 @@ from pathlib import Path
 from parsearch.backends import serve_if_worker
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.commands import COMMANDS
-from parsearch.commands._arguments import add_session_arguments, positive_int, session_overrides
+from parsearch.commands._arguments import (
+    STORE_METAVAR,
+    add_session_arguments,
+    add_store_option,
+    positive_int,
+    session_overrides,
+)
 from parsearch.inputs import MAX_SEED, campaign_name, option, seed
 from parsearch.search import STRATEGY_NAMES
 from parsearch.tracking import add_track_argument, make_observers
@@ -25,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SIGTERM/SIGINT/SIGUSR1 (running trials drain), continue it with `parsearch resume`.",
     )
     parser.add_argument("space", help="search-space YAML file")
-    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    add_store_option(parser)
     parser.add_argument(
         "--name", type=option(campaign_name), help="campaign name (default: the space's name)"
     )
@@ -66,9 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--warm-start",
-        metavar="OTHER.db",
-        help="calibrate the estimate from another campaign's trials before the first trial "
-        "(default strategy; e.g. a 175B campaign on the same machine for a 1T search)",
+        metavar=STORE_METAVAR,
+        help="calibrate the estimate from a campaign of another store (a file or URL) "
+        "before the first trial (default strategy; e.g. a 175B campaign on the same "
+        "machine for a 1T search)",
     )
     parser.add_argument(
         "--no-auto-warm-start",

@@ -7,7 +7,11 @@ import json
 from typing import TYPE_CHECKING
 
 from parsearch.commands import COMMANDS
-from parsearch.commands._arguments import add_session_arguments, session_overrides
+from parsearch.commands._arguments import (
+    add_session_arguments,
+    add_store_option,
+    session_overrides,
+)
 
 if TYPE_CHECKING:
     from parsearch.scaling import ScalingStudy
@@ -23,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "scaling keeps mbs and gas (the global batch grows with dp); strong scaling keeps the "
         "global batch. Run the same command again to continue a stopped study.",
     )
-    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    add_store_option(parser)
     parser.add_argument(
         "--name", help="campaign whose best layout to scale (default: the newest campaign)"
     )

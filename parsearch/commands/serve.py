@@ -9,6 +9,7 @@ import secrets
 import socket
 
 from parsearch.commands import COMMANDS
+from parsearch.commands._arguments import add_store_option
 from parsearch.errors import ParsearchError
 
 TOKEN_ENV = "PARSEARCH_SERVE_TOKEN"
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "opened read-only for each request, so the driver is never held up. Binds 127.0.0.1 "
         "unless told otherwise; any other address needs a token.",
     )
-    parser.add_argument("--store", required=True, metavar="FILE.db", help="results store")
+    add_store_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8050, help="port (8050)")
     parser.add_argument(
