@@ -29,8 +29,8 @@ trap 'DRAINING=1' USR1
 
 # Every campaign setting a successor must see as the first job saw it: a successor that
 # fell back to a default BUDGET would take it as the campaign's new total.
-CHAIN_SETTINGS=(SPACE NAME STORE BUDGET GRACE WARNING_S LEASE_TIMEOUT LEASE_WAIT MAX_JOBS
-    PARSEARCH_ARGS PARSEARCH_SITE)
+CHAIN_SETTINGS=(SPACE NAME STORE CAMPAIGN_DIR REPORT_DIR BUDGET GRACE WARNING_S LEASE_TIMEOUT
+    LEASE_WAIT MAX_JOBS PARSEARCH_ARGS PARSEARCH_SITE)
 
 chain_fail() {
     echo "parsearch job: $*" >&2
@@ -59,14 +59,74 @@ chain_check_environment() {
         "drain outlives the job"
 }
 
-# The store must be an absolute path on a filesystem that honours POSIX locks (SQLite's
+# Whether STORE (or $1) names a PostgreSQL server (a postgresql:// or postgres:// URL, as
+# parsearch.store.open_store tells them apart) rather than an SQLite file.
+chain_store_is_url() {
+    [[ ${1-${STORE}} == postgresql://* || ${1-${STORE}} == postgres://* ]]
+}
+
+# STORE as the job's log may print it: a URL's password masked (the driver's messages mask
+# it the same way).
+chain_shown_store() {
+    sed -E 's#^([a-z]+://[^:/@]*):[^@/]*@#\1:***@#' <<<"${STORE}"
+}
+
+# The store: an SQLite file, or a server's URL (a centre's shared store, usually set once in
+# the site file). Then the directory for the chain's own files (CAMPAIGN_DIR: PBS's settings
+# for the successor, Ray's token, the report when REPORT_DIR is not given): beside a file
+# store by default; for a server, the submission directory's runs/ (a URL has no directory).
+chain_check_store() {
+    local store=$1
+    if chain_store_is_url "${store}"; then
+        chain_check_environment
+        chain_check_server "${store}"
+        CAMPAIGN_DIR=${CAMPAIGN_DIR:-${PWD}/runs}
+    else
+        chain_check_store_file "${store}"
+        CAMPAIGN_DIR=${CAMPAIGN_DIR:-$(dirname "${store}")}
+    fi
+    [[ ${CAMPAIGN_DIR} == /* ]] || CAMPAIGN_DIR=${PWD}/${CAMPAIGN_DIR} # successors start here too
+    mkdir -p "${CAMPAIGN_DIR}" && [[ -w ${CAMPAIGN_DIR} ]] ||
+        chain_fail "CAMPAIGN_DIR=${CAMPAIGN_DIR}: cannot create or write it"
+    # The finished campaign's report: beside a file store, as ever (x.db: x-report/); for a
+    # server, one directory per campaign in CAMPAIGN_DIR.
+    if [[ -z ${REPORT_DIR:-} ]]; then
+        if chain_store_is_url "${store}"; then
+            REPORT_DIR=${CAMPAIGN_DIR}/${NAME}-report
+        else
+            REPORT_DIR=${store%.db}-report
+        fi
+    fi
+}
+
+# A server's URL: psycopg must be installed and the server must answer before anything is
+# submitted (a wrong host or password fails the first job, not every job of a chain).
+chain_check_server() {
+    python - "$1" <<'EOF' || chain_fail "STORE=$(chain_shown_store): the store's server cannot be used"
+import sys
+
+from parsearch.store.postgres import shown_url
+
+try:
+    import psycopg
+except ImportError:
+    sys.exit("parsearch job: psycopg is not installed: pip install 'parsearch[postgres]'")
+try:
+    psycopg.connect(sys.argv[1], connect_timeout=20).close()
+except psycopg.Error as error:
+    sys.exit(f"parsearch job: cannot connect to {shown_url(sys.argv[1])}: {error}".strip())
+EOF
+}
+
+# A store file must be an absolute path on a filesystem that honours POSIX locks (SQLite's
 # rollback journal locks the file; a Lustre client mounted without flock fails with I/O
 # errors, and NFS home directories are slow and unsafe for it).
-chain_check_store() {
+chain_check_store_file() {
     local store=$1 directory
     [[ ${store} == /* ]] || chain_fail "STORE=${store} is relative: give an absolute path on" \
-        "the parallel filesystem (a relative path lands wherever the job starts, often NFS home)"
-    [[ ${store} == *.db ]] || chain_fail "STORE=${store} must end in .db"
+        "the parallel filesystem (a relative path lands wherever the job starts, often NFS" \
+        "home), or a postgresql:// URL"
+    [[ ${store} == *.db ]] || chain_fail "STORE=${store} must end in .db (or be a postgresql:// URL)"
     chain_check_environment
     directory=$(dirname "${store}")
     mkdir -p "${directory}" || chain_fail "cannot create the store's directory ${directory}"
@@ -79,6 +139,16 @@ with tempfile.NamedTemporaryFile(dir=sys.argv[1], prefix=".parsearch-lock-") as 
     if [[ $(stat -f -c %T "${directory}" 2>/dev/null) == nfs* ]]; then
         echo "parsearch job: warning: ${directory} is on NFS; the store belongs on the" \
             "parallel filesystem" >&2
+    fi
+}
+
+# A file of this job's own (PBS's settings for its successor, Ray's token): named after a
+# file store, beside it; in CAMPAIGN_DIR for a server, whose URL names no file.
+chain_job_file() {
+    if chain_store_is_url; then
+        echo "${CAMPAIGN_DIR}/$1"
+    else
+        echo "${STORE%.db}.$1"
     fi
 }
 
@@ -97,7 +167,7 @@ chain_export_settings() {
 }
 
 chain_finished() {
-    [[ -f ${STORE} ]] || return 1
+    chain_store_is_url || [[ -f ${STORE} ]] || return 1
     parsearch status --store "${STORE}" --name "${NAME}" --format json 2>/dev/null |
         python -c '
 import json, sys
@@ -110,7 +180,7 @@ sys.exit(status != "finished")'
 
 # How many trials the campaign has finished (0 while there is none).
 chain_finished_trials() {
-    [[ -f ${STORE} ]] || {
+    chain_store_is_url || [[ -f ${STORE} ]] || {
         echo 0
         return
     }
@@ -203,7 +273,7 @@ chain_run() {
 
     if chain_finished; then
         echo "parsearch: campaign finished"
-        parsearch report --store "${STORE}" --name "${NAME}" --out "${STORE%.db}-report"
+        parsearch report --store "${STORE}" --name "${NAME}" --out "${REPORT_DIR}"
         cancel_why="the campaign is finished"
         STATUS=0 # srun's status is its worst task's: a lost node's, not the campaign's
     elif ((CANCELLED)); then
@@ -211,7 +281,7 @@ chain_run() {
     elif ((STATUS == 75 && DRAINING)); then
         echo "parsearch: the time limit came before the lease went stale; the successor tries again"
     elif ((STATUS == 75)); then
-        cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on ${STORE}?)"
+        cancel_why="another driver holds the campaign's lease: this chain stops (is a second chain running on $(chain_shown_store)?)"
     elif ((STATUS == 3)); then
         cancel_why="every trial crashed the same way (parsearch status says how): fix the trainer and submit again"
     elif ((STATUS != 0)) && (($(chain_finished_trials) > done_before)) && [[ -n ${SUCCESSOR} ]]; then
@@ -297,12 +367,15 @@ slurm_existing_successor() {
 # -W depend=afterany: starts once this job has ended. PBS has no singleton: the campaign's
 # lease is what keeps a second chain's driver from running beside this one (it exits 75).
 # qsub -v cannot carry a value holding a comma or a quote, so the settings travel in a file
-# next to the store (bash's own quoting, `declare -p`), which the successor reads first
-# (PARSEARCH_CHAIN_ENV).
+# (bash's own quoting, `declare -p`) next to a store file, or in CAMPAIGN_DIR for a server,
+# which the successor reads first (PARSEARCH_CHAIN_ENV). Readable by the user alone: a
+# server's URL may hold a password.
 pbs_submit_successor() {
-    local name settings="${STORE%.db}.chain-${PBS_JOBID}.env"
-    [[ ${settings} != *[,\'\"]* ]] || chain_fail "STORE=${STORE}: a comma or a quote in" \
-        "its path cannot be passed to qsub -v"
+    local name settings
+    settings=$(chain_job_file "chain-${PBS_JOBID}.env")
+    [[ ${settings} != *[,\'\"]* ]] || chain_fail "${settings}: a comma or a quote in" \
+        "its path cannot be passed to qsub -v (STORE or CAMPAIGN_DIR holds one)"
+    (umask 077 && : >"${settings}") || return 1
     (
         chain_export_settings
         for name in "${CHAIN_SETTINGS[@]}" JOB_INDEX; do

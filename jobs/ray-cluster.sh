@@ -47,6 +47,8 @@ SPACE=${SPACE:?set SPACE to a space file describing these nodes}
 NAME=${NAME:-$(basename "${SPACE}" .yaml)}
 # The centre's scratch (Lustre), which the login nodes see too. Perlmutter's purges files
 # not accessed for 8 weeks: https://docs.nersc.gov/filesystems/perlmutter-scratch/
+# Or a centre's PostgreSQL store, STORE=postgresql://user@host/dbname (set once in a site
+# file); CAMPAIGN_DIR and REPORT_DIR then place the chain's files: docs/guide/store.md.
 STORE=${STORE:-${SCRATCH:?set STORE (or SCRATCH) to a directory on the parallel filesystem}/parsearch/${NAME}.db}
 BUDGET=${BUDGET:-100}        # trials in total, over every job of the chain
 GRACE=${GRACE:-90}           # seconds to drain: less than the 120 s warning
@@ -99,10 +101,13 @@ export RAY_ADDRESS="${HEAD_IP}:6379"
 # Token authentication for this job's cluster, on for the head, the workers and the driver
 # alike. Left to itself, `ray start` (Ray >= 2.52) turns it on when ~/.ray/auth_token exists
 # while a driver given an explicit address does not, and ray.init fails with "Authentication
-# token is missing or incorrect". A fresh token per job, readable by its user alone, beside
-# the store on the shared filesystem: https://docs.ray.io/en/latest/ray-security/token-auth.html
+# token is missing or incorrect". A fresh token per job, readable by its user alone, on the
+# shared filesystem (beside a store file, or in CAMPAIGN_DIR for a server's store; named
+# after the job, since chains of other campaigns may share CAMPAIGN_DIR), removed when the
+# job ends: https://docs.ray.io/en/latest/ray-security/token-auth.html
 export RAY_AUTH_MODE=token
-export RAY_AUTH_TOKEN_PATH="${STORE%.db}.ray-token"
+RAY_AUTH_TOKEN_PATH=$(chain_job_file "ray-token-${SLURM_JOB_ID}")
+export RAY_AUTH_TOKEN_PATH
 (umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' >"${RAY_AUTH_TOKEN_PATH}") ||
     chain_fail "cannot write Ray's token ${RAY_AUTH_TOKEN_PATH}"
 srun --nodes=1 --ntasks=1 -w "${NODES[0]}" --cpus-per-task="${CPUS_PER_NODE}" \
@@ -115,7 +120,7 @@ for node in "${NODES[@]:1}"; do
         --num-cpus="${CPUS_PER_NODE}" --num-gpus="${GPUS_PER_NODE}" --block &
 done
 ray_wait_for_nodes "${#NODES[@]}"
-trap 'ray stop --force >/dev/null 2>&1' EXIT
+trap 'ray stop --force >/dev/null 2>&1; rm -f "${RAY_AUTH_TOKEN_PATH}"' EXIT
 
 # --- The campaign: one driver process on this node -------------------------------------------
 # `run --resume` starts the campaign, or continues it when the store already holds it.

@@ -8,7 +8,10 @@ space a script names must load; the drain settings must fit the warning the sche
 Then the scripts run for real under bash, with small stand-ins for the scheduler's commands
 (``sbatch``, ``srun``, ``qsub``, ...) and the ``simulate`` backend: PBS's drain keeps the
 successor, which gets every setting; a driver that fails at start leaves no successor. The
-Slurm chain itself runs on a real Slurm cluster: tests/test_slurm_cluster.py.
+Slurm chain itself runs on a real Slurm cluster: tests/test_slurm_cluster.py. A chain whose
+store is a PostgreSQL server (``STORE=postgresql://...`` from a site file, as a centre sets
+it) runs against a real server the ``postgres`` tier starts: no file checks, its report and
+PBS's settings for the successor in ``CAMPAIGN_DIR``, and nothing made from the URL.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ ENVIRONMENT = {
     "RAY_ADDRESS": "10.0.0.1:6379",
     "STORE": "/lustre/campaigns/campaign.db",
     "NAME": "campaign",
+    "REPORT_DIR": "/lustre/campaigns/campaign-report",  # chain_check_store resolves it
 }
 # For scripts that require SPACE (no default): a shipped space stands in for the user's.
 USER_SPACE = "search_spaces/llama3-8b-h200.yaml"
@@ -444,3 +448,126 @@ def test_a_warning_before_the_driver_starts_keeps_the_chain(cluster, name):
     assert len(_submitted(cluster)) == 1
     log = Path(cluster["SHIM_LOG"])
     assert "scancel" not in log.read_text() and "qdel" not in log.read_text()
+
+
+# -- a centre's PostgreSQL store: one URL in the site file ------------------------------------
+
+
+def _site_with_server(cluster: dict[str, str], url: str, **settings: str) -> dict[str, str]:
+    """The cluster's environment with the store set by its site file, as a centre sets it
+    (``STORE=${STORE:-URL}``), and nothing of a file store left in it."""
+    site = Path(cluster["PARSEARCH_SITE"])
+    lines = [f"STORE=${{STORE:-{shlex.quote(url)}}}"]
+    lines += [f"{name}=${{{name}:-{shlex.quote(value)}}}" for name, value in settings.items()]
+    site.write_text(site.read_text() + "\n".join(lines) + "\n")
+    return {key: value for key, value in cluster.items() if key != "STORE"}
+
+
+def _made_from_the_url() -> list[Path]:
+    """What a chain that took the URL for a path would have made in the submission
+    directory (``${STORE%.db}-report``, a settings file ``${STORE%.db}.chain-ID.env``)."""
+    return [path for path in ROOT.iterdir() if path.name.startswith("postgres")]
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_a_pbs_chain_on_a_postgresql_store_drains_resumes_and_writes_its_report(
+    cluster, postgres_server, tmp_path
+):
+    """The first job drains before its walltime and queues its successor with every
+    setting in a file of CAMPAIGN_DIR (readable by the user alone: a URL may hold a
+    password); the successor, given only that file (as qsub -v gives it), resumes the same
+    campaign on the server, finishes it exactly at its budget, writes the report into
+    CAMPAIGN_DIR and deletes its own successor. No store file is made anywhere."""
+    url = postgres_server.url()
+    campaigns = tmp_path / "campaigns"
+    env = _site_with_server(cluster, url, CAMPAIGN_DIR=str(campaigns))
+    first = {
+        **env,
+        "SHIM_WALLTIME": "00:00:40",
+        "SPACE": "search_spaces/gpt-175b-frontier.yaml",
+        "DRAIN_S": "32",  # --timeout 8 minus the seconds the script took to start
+        "GRACE": "5",
+        "BUDGET": "12",
+        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=1 --slots 1",
+    }
+    job = subprocess.run(["bash", str(JOBS / "polaris.pbs")], env=first, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert _campaign(url).status.value == "stopped", job.stdout
+    assert 1 <= _finished(url) < 12, (_finished(url), job.stdout)
+    (submitted,) = _submitted(cluster)
+    settings = campaigns / "chain-4242.polaris-pbs-01.env"
+    assert f"PARSEARCH_CHAIN_ENV={settings}" in submitted, submitted
+    assert settings.stat().st_mode & 0o777 == 0o600, oct(settings.stat().st_mode)
+    carried = _carried(cluster, 1)
+    assert carried["STORE"] == url and carried["CAMPAIGN_DIR"] == str(campaigns), carried
+    report = campaigns / "gpt-175b-frontier-report"
+    assert carried["REPORT_DIR"] == str(report), carried
+
+    successor = {
+        **env,
+        "PBS_JOBID": "5001.polaris-pbs-01",
+        "PARSEARCH_CHAIN_ENV": str(settings),
+        "SHIM_WALLTIME": "00:10:00",
+    }
+    job = subprocess.run(["bash", str(JOBS / "polaris.pbs")], env=successor, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "campaign finished" in job.stdout, job.stdout
+    assert _campaign(url).status.value == "finished", job.stdout
+    assert _finished(url) == 12, job.stdout
+    assert (report / "index.html").is_file(), sorted(campaigns.rglob("*"))
+    log = Path(cluster["SHIM_LOG"]).read_text().splitlines()
+    assert log[-1] == "qdel 5002.polaris-pbs-01", log
+    assert not list(tmp_path.rglob("*.db")), sorted(tmp_path.rglob("*.db"))
+    assert not _made_from_the_url(), _made_from_the_url()
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_a_slurm_job_on_a_postgresql_store_writes_its_report_where_report_dir_says(
+    cluster, postgres_server, tmp_path
+):
+    """REPORT_DIR, given at submission, is where the finished campaign's report goes; the
+    successor, cancelled, would have been handed the URL and REPORT_DIR as they were."""
+    url = postgres_server.url()
+    report = tmp_path / "reports" / "this one"
+    env = {
+        **_site_with_server(cluster, url, CAMPAIGN_DIR=str(tmp_path / "campaigns")),
+        "SHIM_SCRIPT": str(JOBS / "frontier.sbatch"),
+        "SPACE": "search_spaces/gpt-175b-frontier.yaml",
+        "BUDGET": "3",
+        "REPORT_DIR": str(report),
+        "PARSEARCH_ARGS": "--backend simulate --backend-opt delay=0",
+    }
+    job = subprocess.run(["bash", str(JOBS / "frontier.sbatch")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert _campaign(url).status.value == "finished" and _finished(url) == 3, job.stdout
+    assert (report / "index.html").is_file(), sorted(tmp_path.rglob("*"))
+    carried = _carried(cluster, 1)
+    assert carried["STORE"] == url and carried["REPORT_DIR"] == str(report), carried
+    assert Path(cluster["SHIM_LOG"]).read_text().splitlines()[-1] == "scancel 5001"
+    assert not list(tmp_path.rglob("*.db")) and not _made_from_the_url()
+
+
+@pytest.mark.parametrize("script", ["frontier.sbatch", "polaris.pbs"])
+def test_a_postgresql_store_that_cannot_be_reached_is_refused_before_anything_is_submitted(
+    cluster, script
+):
+    """A wrong host (or password, or a missing psycopg) ends the first job with exit 2 and
+    the reason, before a successor is queued; the URL's password is never printed."""
+    env = {
+        **cluster,
+        "SHIM_SCRIPT": str(JOBS / script),
+        "SPACE": "search_spaces/gpt-175b-frontier.yaml",
+        "STORE": "postgresql://someone:hunter2@/centre?host=/nonexistent/socket/dir",
+    }
+    job = subprocess.run(["bash", str(JOBS / script)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert job.returncode == 2, job.stdout + job.stderr
+    assert "cannot connect to postgresql://someone:***@/centre" in job.stderr, job.stderr
+    assert "the store's server cannot be used" in job.stderr, job.stderr
+    assert "hunter2" not in job.stdout + job.stderr, job.stdout + job.stderr
+    assert not _submitted(cluster)

@@ -4,6 +4,8 @@ with ``squeue``/``scontrol``/``sacct``, stopped with ``scancel``, requeued with 
 The site file ``jobs/sites/namespaced-cluster.sh`` stands in for the modules and the venv; the
 ``mpi`` backend's workers start under ``srun`` (PMI-2) and every trial of the space spans two
 nodes: data parallel across them over TCP between namespaces, tensor parallel within one.
+One chain keeps its store on a real PostgreSQL server (the ``postgres`` tier's, reached
+over its Unix socket from the node that drives), set by a site file as a centre sets it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import time
@@ -19,12 +22,16 @@ from pathlib import Path
 import pytest
 from slurm_cluster import (
     ACTIVE,
+    SITE,
     SlurmCluster,
     skip_or_fail,
     start_cluster,
     stop_cluster,
     why_not_here,
 )
+
+from parsearch.errors import StoreError
+from parsearch.store import open_store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 
@@ -215,6 +222,52 @@ def test_a_lost_node_ends_its_trial_and_the_campaign_goes_on_with_the_nodes_left
     assert later and all(row["state"] == "ok" for row in later), rows
     assert all(victim not in json.loads(row["hosts"]) for row in later), rows
     assert len(rows) == 3 and len(jobs) == 2 and jobs[1].state == "CANCELLED"
+
+
+@pytest.mark.postgres
+def test_a_chain_on_a_postgresql_store_hops_and_finishes_with_its_report(
+    slurm, tmp_path, postgres_server
+):
+    """STORE is a postgresql:// URL, set by a site file over the test cluster's own: the job
+    makes no file checks, drives its trials into the server, drains when warned (after its
+    first trial, by `scancel --batch --signal=USR1`), and its successor resumes the same
+    campaign from the server and finishes it at its budget; the report lands in
+    CAMPAIGN_DIR, named after the campaign, and no store file is made."""
+    url = postgres_server.url()
+    campaigns = tmp_path / "campaigns"
+    site = tmp_path / "centre-site.sh"
+    site.write_text(
+        f"source {shlex.quote(str(SITE))} || return 1\n"
+        f"STORE=${{STORE:-{shlex.quote(url)}}}\n"
+        f"CAMPAIGN_DIR=${{CAMPAIGN_DIR:-{shlex.quote(str(campaigns))}}}\n"
+    )
+    env = chain_env(tmp_path, BUDGET="3", GRACE="30", WARNING_S="40", PARSEARCH_SITE=str(site))
+    del env["STORE"]
+
+    def finished() -> list:
+        try:
+            with open_store(url, readonly=True) as store:
+                return [t for t in store.trials(store.get_campaign().id) if t.state.value == "ok"]
+        except StoreError:  # no campaign (or no tables) yet
+            return []
+
+    first = slurm.submit("frontier.sbatch", "-t", "10", "-N", "3", **env)
+    slurm.wait("a first trial", lambda: bool(finished()), timeout_s=240)
+    slurm.run("scancel", "--batch", "--signal=USR1", str(first))
+    jobs = slurm.wait_for_chain("parsearch-175b", first, timeout_s=360)
+    output = logs(tmp_path)
+    states = [(job.id, job.state, job.reason) for job in jobs]
+    with open_store(url, readonly=True) as store:
+        campaign = store.get_campaign()
+        rows = store.trials(campaign.id)
+    assert campaign.status.value == "finished", (states, output)
+    assert len(rows) == 3 and all(row.state.value == "ok" for row in rows), (rows, output)
+    assert all(len(set(row.hosts)) == 2 for row in rows), [row.hosts for row in rows]
+    assert "time limit near, draining" in output and "resumes the campaign" in output, output
+    ran = [job for job in jobs if job.state != "CANCELLED"]
+    assert len(ran) >= 2 and jobs[-1].state == "CANCELLED", states
+    assert (campaigns / f"{NAME}-report" / "index.html").is_file(), sorted(tmp_path.rglob("*"))
+    assert not list(tmp_path.rglob("*.db")), sorted(tmp_path.rglob("*.db"))
 
 
 def busiest_worker_node(slurm: SlurmCluster) -> str:
