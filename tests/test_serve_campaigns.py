@@ -3,13 +3,17 @@ allocation, state, trials, best) and opens each; ``/best-known`` answers what
 ``parsearch best --like`` answers for a campaign's own space.
 
 One real store (simulate campaigns, under a second each): three models, one of them on two
-node counts, and a campaign whose stored space no longer loads (as one from an older
-release), which the list still shows and the cross-campaign answer leaves out.
+node counts and one measured twice on the same allocation, and a campaign whose stored space
+no longer loads (as one from an older release), which the list still shows and the
+cross-campaign answer leaves out. A campaign's page shows the best layout known for its model
+and allocation across the store, with its provenance. A campaign whose machine profile was
+deleted after it ran opens on its trials and says what is missing.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ from headless_chromium import browser, find_browser
 
 from parsearch.campaign.session import CampaignSettings, start_campaign
 from parsearch.cli import main
+from parsearch.config import ParallelLayout
 from parsearch.store import open_store
 
 pytest.importorskip("fastapi")
@@ -32,6 +37,9 @@ SPACES = Path(__file__).parent.parent / "search_spaces"
 CAMPAIGNS = (("tiny-cpu", 1), ("llama3-8b-h200", 2), ("gpt-22b-frontier", 16),
              ("gpt-22b-frontier", 8))  # fmt: skip
 BROKEN = "from-an-older-release"
+# The llama campaign measured again on the same allocation, with another seed: the two
+# compare, and one's page names the other when the other's layout is the faster.
+AGAIN = "llama3-8b-h200-2n-again"
 BUDGET = 6
 
 
@@ -49,6 +57,9 @@ def shared(tmp_path_factory):
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         start_campaign(path, db, name=path.stem, budget=BUDGET, settings=settings)
         spaces[path.stem] = path
+    again = CampaignSettings(backend="simulate", slots=4, backend_options={"seed": "2"})
+    start_campaign(spaces["llama3-8b-h200-2n"], db, name=AGAIN, budget=BUDGET, settings=again)
+    spaces[AGAIN] = spaces["llama3-8b-h200-2n"]
     with open_store(db) as store:
         raw = yaml.safe_load((SPACES / "tiny-cpu.yaml").read_text())
         raw["model"]["num_heads"] = 3  # no longer divides the hidden size: it cannot load
@@ -205,3 +216,172 @@ def test_the_front_page_lists_every_campaign_and_a_click_opens_it(shared, client
     assert opened_view["search"] == f"?campaign={chosen}", opened_view
     assert opened_view["select"] == chosen and opened_view["back"], opened_view
     assert opened_view["progress"].startswith(f"{BUDGET} / {BUDGET} trials"), opened_view
+
+
+BEST_KNOWN = """({
+  state: document.getElementById('best-known-card').dataset.state,
+  value: document.getElementById('best-known-value').textContent,
+  layout: document.getElementById('best-known-layout').textContent,
+  detail: document.getElementById('best-known-detail').textContent,
+  href: document.querySelector('#best-known-detail a')?.getAttribute('href') ?? null,
+  like: document.getElementById('best-known-like').textContent,
+})"""
+PANEL_READY = "document.getElementById('best-known-card').dataset.state !== 'loading'"
+
+
+def _assert_panel_says(seen: dict, answer: dict, here: str) -> None:
+    """The panel shows ``answer`` (the API's best-known): tokens/s to three figures, the
+    layout as the store writes it, the campaign and trial it came from, how it was got."""
+    best, what = answer["best"], f"panel {seen} for the answer {answer['best']}"
+    assert seen["state"] == "ready", what
+    number, unit = seen["value"].removesuffix(" tokens/s"), 1.0
+    if number[-1] in "kM":
+        number, unit = number[:-1], {"k": 1e3, "M": 1e6}[number[-1]]
+    assert float(number) * unit == pytest.approx(best["metrics"]["tokens_per_s"], rel=5e-3), what
+    layout = ParallelLayout(**best["layout"]).short()
+    assert seen["layout"] == f"{layout}  (trial #{best['trial']})", what
+    prefix = "this campaign " if best["campaign"] == here else "campaign "
+    assert seen["detail"].startswith(f"{prefix}{best['campaign']}, trial #{best['trial']}"), what
+    assert best["provenance"] in seen["detail"] and best["trainer"] in seen["detail"], what
+    assert seen["href"] == f"?campaign={best['campaign']}", what
+    assert seen["like"].startswith(answer["like"]), what
+    assert f"{len(answer['ranked'])} of the store's {answer['campaigns_in_store']}" in seen["like"]
+
+
+@pytest.mark.slow
+def test_a_campaigns_page_shows_the_best_layout_known_across_the_store(shared, client):
+    """The two llama campaigns on one allocation: the page of the slower one names the
+    other's layout, trial and provenance (simulated), and its link opens that campaign,
+    whose page calls the answer its own; the 22B campaign on 8 nodes names the same model
+    at 16 nodes; the panel reads as the API answers, which is `parsearch best --like`."""
+    chromium = find_browser()
+    if chromium is None:
+        pytest.skip("no Chromium here: .ci/run installs Debian's chromium package")
+    llama = _json(client, f"/api/campaigns/{AGAIN}/best-known")
+    assert len(llama["ranked"]) == 2, llama["ranked"]
+    winner = llama["best"]["campaign"]
+    loser = ({AGAIN, "llama3-8b-h200-2n"} - {winner}).pop()
+    assert _json(client, f"/api/campaigns/{loser}/best-known") == llama
+    gpt = _json(client, "/api/campaigns/gpt-22b-frontier-8n/best-known")
+    with (
+        serve_load.serving_app(create_app(shared[0])) as base,
+        browser(chromium) as opened,
+        opened.page(f"{base}/?campaign={loser}", 1280, 900) as page,
+    ):
+        page.wait_for(PANEL_READY)
+        on_loser = page.evaluate(BEST_KNOWN)
+        page.evaluate("document.querySelector('#best-known-detail a').click()")
+        page.wait_for(
+            f"location.search === '?campaign={winner}' && document.body.dataset.state === "
+            f"'ready' && {PANEL_READY}"
+        )
+        on_winner = page.evaluate(BEST_KNOWN)
+        console = page.console()
+        with opened.page(f"{base}/?campaign=gpt-22b-frontier-8n", 1280, 900) as other:
+            other.wait_for(PANEL_READY)
+            on_gpt = other.evaluate(BEST_KNOWN)
+            console += other.console()
+    assert not console, console
+    _assert_panel_says(on_loser, llama, here=loser)
+    _assert_panel_says(on_winner, llama, here=winner)
+    _assert_panel_says(on_gpt, gpt, here="gpt-22b-frontier-8n")
+    assert "other node counts: gpt-22b-frontier-16n (16 nodes)" in on_gpt["like"], on_gpt
+
+
+@pytest.fixture
+def profile_deleted(tmp_path):
+    """(store, campaign name, the profile's path): a simulate campaign whose space names a
+    machine profile beside it, which was deleted once the campaign had run."""
+    profile = tmp_path / "our-h200.yaml"
+    shutil.copy(Path(__file__).parent.parent / "parsearch/profiles/h200-sxm-hgx.yaml", profile)
+    data = yaml.safe_load((SPACES / "llama3-8b-h200.yaml").read_text())
+    data["allocation"]["nodes"] = 2
+    data["estimate"]["machine"] = profile.name  # relative to the space file
+    path = tmp_path / "ours.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    db = tmp_path / "ours.db"
+    settings = CampaignSettings(backend="simulate", slots=4, backend_options={"seed": "1"})
+    start_campaign(path, db, name="ours", budget=BUDGET, settings=settings)
+    saved = profile.read_bytes()
+    profile.unlink()
+    return db, "ours", profile, saved
+
+
+def test_a_campaign_whose_profile_was_deleted_answers_its_trials_and_says_what_is_missing(
+    profile_deleted,
+):
+    """The dashboard's poll answers 200: status, best, trials and the Pareto front, with
+    `space_error` naming the campaign, its space file and the missing profile; each figure
+    that needs the space is a 409 saying the same (not a 503: no retry mends it); once the
+    profile is back, the figures are drawn again without a restart."""
+    db, name, profile, saved = profile_deleted
+    with TestClient(create_app(db)) as opened:
+        board = _json(opened, f"/api/campaigns/{name}/dashboard")
+        error = board["space_error"]
+        assert error and f"campaign '{name}'" in error, board.get("space_error")
+        assert f"{profile}: machine profile not found" in error, error
+        assert "ours.yaml" in error and "trials still read" in error, error
+        trials = _json(opened, f"/api/campaigns/{name}/trials")
+        assert len(trials) == BUDGET and [t["trial"] for t in board["trials"]] == [
+            t["trial"] for t in trials
+        ], (board["trials"], trials)
+        assert board["best"] is not None and board["pareto"], board["best"]
+        assert board["status"]["finished"] == BUDGET, board["status"]
+        for figure in ("heatmap", "convergence", "fidelity", "importance"):
+            response = opened.get(f"/api/campaigns/{name}/{figure}")
+            assert response.status_code == 409, (figure, response.status_code, response.text)
+            said = response.json()["error"]  # the API cuts a long message with an ellipsis
+            assert error.startswith(said.removesuffix("…")), (figure, said, error)
+        profile.write_bytes(saved)
+        assert opened.get(f"/api/campaigns/{name}/heatmap").status_code == 200
+        again = _json(opened, f"/api/campaigns/{name}/dashboard")
+        if again["space_error"] is not None:  # served while the redone bundle was made
+            again = _json(opened, f"/api/campaigns/{name}/dashboard")
+        assert again["space_error"] is None and again["heatmap"] is not None, again["space_error"]
+
+
+@pytest.mark.slow
+def test_the_page_of_such_a_campaign_lists_its_trials_and_says_what_is_missing(profile_deleted):
+    """No "update failed": the page shows why the figures are missing (the profile's path
+    in the words of the API), lists every trial, draws what needs only the store, and its
+    best-known panel says why nothing can be compared with it."""
+    chromium = find_browser()
+    if chromium is None:
+        pytest.skip("no Chromium here: .ci/run installs Debian's chromium package")
+    db, name, profile, _ = profile_deleted
+    app = create_app(db)
+    with TestClient(app) as opened:
+        error = _json(opened, f"/api/campaigns/{name}/dashboard")["space_error"]
+        known = opened.get(f"/api/campaigns/{name}/best-known").json()["error"]
+    with (
+        serve_load.serving_app(app) as base,
+        browser(chromium) as opened,
+        opened.page(f"{base}/?campaign={name}", 1280, 900) as page,
+    ):
+        page.wait_for(f"document.body.dataset.state === 'ready' && {PANEL_READY}")
+        seen = page.evaluate(
+            "({banner: !document.getElementById('space-error').hidden,"
+            " text: document.getElementById('space-error-text').textContent,"
+            " updated: document.getElementById('updated').textContent,"
+            " rows: [...document.querySelectorAll('#trials tbody tr')].map("
+            "   (r) => +r.children[0].textContent),"
+            " heatmap: document.getElementById('heatmap').textContent,"
+            " pareto: document.querySelectorAll('#pareto svg circle').length,"
+            " timeline: document.querySelectorAll('#timeline rect.run').length,"
+            " progress: document.getElementById('progress-text').textContent,"
+            " errors: document.getElementById('errors').textContent,"
+            " panel: " + BEST_KNOWN + "})"
+        )
+        console = page.console()
+    assert not console, console
+    assert seen["banner"] and seen["text"] == error, seen
+    assert str(profile) in seen["text"], seen["text"]
+    assert "failed" not in seen["updated"] and seen["updated"].startswith("updated"), seen
+    assert sorted(seen["rows"]) == list(range(BUDGET)), seen["rows"]
+    assert seen["progress"].startswith(f"{BUDGET} / {BUDGET} trials"), seen
+    assert "needs the campaign's space" in seen["heatmap"], seen["heatmap"]
+    assert seen["pareto"] > 0 and seen["timeline"] > 0, seen
+    assert not seen["errors"], seen["errors"]
+    panel = seen["panel"]
+    assert panel["state"] == "none" and panel["detail"] == known, (panel, known)
+    assert "stored space no longer loads" in panel["detail"], panel

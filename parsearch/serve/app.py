@@ -27,7 +27,14 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from parsearch.errors import ParsearchError
 from parsearch.serve import figures, views
-from parsearch.serve.views import MAX_COUNT, BadRequest, NotFound, StoreReader, shown
+from parsearch.serve.views import (
+    MAX_COUNT,
+    BadRequest,
+    NotFound,
+    SpaceUnloadable,
+    StoreReader,
+    shown,
+)
 from parsearch.version import __version__
 
 LOG = logging.getLogger("parsearch.serve")
@@ -184,6 +191,8 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         with reader.open() as store:
             campaign = views.find_campaign(store, name)
             bundle = cache.entry(store, campaign, current=True).bundle
+        if bundle[member] is None and bundle["space_error"]:
+            raise SpaceUnloadable(bundle["space_error"])
         return JSONResponse(bundle[member])
 
     @app.get("/api/campaigns/{name}/fidelity", tags=["figures"])
@@ -214,7 +223,9 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
     @app.get("/api/campaigns/{name}/dashboard", tags=["figures"])
     def dashboard(name: str) -> dict[str, Any]:
         """Everything the dashboard page draws (status, best in every format, figures,
-        trials): what the page polls. The status is read now; the rest is recomputed when
+        trials): what the page polls. A campaign whose stored space no longer loads gets
+        its status, best, Pareto front and trials, the other figures null and
+        `space_error` saying what is missing. The status is read now; the rest is recomputed when
         trials changed, in the background, so it may lag the status by a poll (2 s), and
         never by more than 10 s."""
 
@@ -330,6 +341,12 @@ def _add_error_handlers(app: FastAPI, store_path: str | os.PathLike[str]) -> Non
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return _error(400, str(exc))
+
+    @app.exception_handler(SpaceUnloadable)
+    async def space_unloadable(request: Request, exc: SpaceUnloadable) -> JSONResponse:
+        # Not the store failing (503, try later): the campaign's stored space names a file
+        # that is gone or changed, which no retry mends. The message says which.
+        return _error(409, private(str(exc)))
 
     @app.exception_handler(ParsearchError)
     async def store_error(request: Request, exc: ParsearchError) -> JSONResponse:

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from parsearch.errors import ParsearchError
 from parsearch.report.data import (
+    METRIC_LABELS,
     Accuracy,
     ReportData,
     accuracy,
@@ -21,7 +23,7 @@ from parsearch.report.data import (
     tp_pp_grid,
 )
 from parsearch.serve import views
-from parsearch.serve.views import plain
+from parsearch.serve.views import SpaceUnloadable, plain, space_unloadable
 from parsearch.space import SearchSpace, space_from_dict
 from parsearch.store import Campaign, SQLiteStore
 
@@ -42,13 +44,19 @@ def _space(campaign_id: int, created_at: float, space_json: str, source: str) ->
 
 
 def campaign_space(campaign: Campaign) -> SearchSpace:
-    """The campaign's space, planned (seconds for a 175B space; once per server)."""
-    return _space(
-        campaign.id,
-        campaign.created_at,
-        json.dumps(campaign.space, sort_keys=True),
-        campaign.space_path or campaign.name,
-    )
+    """The campaign's space, planned (seconds for a 175B space; once per server);
+    :class:`SpaceUnloadable`, naming what is missing, when it no longer loads."""
+    try:
+        return _space(
+            campaign.id,
+            campaign.created_at,
+            json.dumps(campaign.space, sort_keys=True),
+            campaign.space_path or campaign.name,
+        )
+    except SpaceUnloadable:
+        raise
+    except ParsearchError as error:  # not cached: a profile put back loads on the next poll
+        raise space_unloadable(campaign, error) from None
 
 
 def report_data(store: SQLiteStore, campaign: Campaign) -> ReportData:
@@ -99,11 +107,34 @@ def fidelity(data: ReportData) -> dict[str, Any]:
 
 def figure_bundle(store: SQLiteStore, campaign: Campaign) -> dict[str, Any]:
     """Everything the dashboard draws besides the status: best layout in every format,
-    convergence, heat map, Pareto front, fidelity and the trials table."""
-    data = report_data(store, campaign)
+    convergence, heat map, Pareto front, fidelity and the trials table.
+
+    A campaign whose stored space no longer loads still gets what needs only the store
+    (best, Pareto front, trials: a user opening it wants to see what it measured), with the
+    figures that need the space ``None`` and ``space_error`` saying why."""
     record = store.best(campaign.id)
     records = store.trials(campaign.id)
+    try:
+        data = report_data(store, campaign)
+    except SpaceUnloadable as error:
+        return {
+            "space_error": str(error),
+            "objective_label": METRIC_LABELS.get(
+                campaign.objective_metric, campaign.objective_metric
+            ),
+            "memory_limit_bytes": None,
+            "dimensions": {},
+            "best": None if record is None else plain(views.trial_row(record, campaign)),
+            "exports": None if record is None else views.best_exports(record, campaign),
+            "convergence": None,
+            "heatmap": None,
+            "pareto": views.pareto(store, campaign),
+            "fidelity": None,
+            "trials": plain([views.trial_row(r, campaign) for r in records[-TABLE_ROWS:]]),
+            "trials_total": len(records),
+        }
     return {
+        "space_error": None,
         "objective_label": data.objective_label,
         "memory_limit_bytes": data.memory_limit_bytes,
         # The searched dimensions and their values: parallel coordinates' axes, the
@@ -127,6 +158,11 @@ class _Entry:
     computed_at: float
     refreshing: bool = False
     _json: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Whether every figure is in it (the campaign's stored space loaded)."""
+        return not self.bundle.get("space_error")
 
     def json_members(self) -> str:
         """The bundle as JSON object members (no braces), serialised once per bundle:
@@ -174,7 +210,9 @@ class FigureCache:
         fingerprint = _fingerprint(store, campaign)
         with self._lock:
             entry = self._entries.get(campaign.id)
-            if entry is not None and entry.fingerprint == fingerprint:
+            # A bundle made without the space is redone (every min_age_s) even while the
+            # trials stand still: a machine profile put back is drawn on the next polls.
+            if entry is not None and entry.fingerprint == fingerprint and entry.whole:
                 return entry
             if entry is not None and not current:
                 age = asked_at - entry.computed_at
@@ -197,7 +235,7 @@ class FigureCache:
                 entry = self._entries.get(campaign.id)
             # Another request (or the background refresh) computed it while this one waited.
             if entry is not None and (
-                entry.fingerprint == fingerprint or entry.computed_at >= asked_at
+                (entry.fingerprint == fingerprint and entry.whole) or entry.computed_at >= asked_at
             ):
                 return entry
             return self._compute(store, campaign, fingerprint)

@@ -74,6 +74,24 @@ class BadRequest(ParsearchError):
     exit_code = 2
 
 
+class SpaceUnloadable(ParsearchError):
+    """A campaign whose stored space no longer loads (HTTP 409): a file it names (a machine
+    profile beside its space file) was deleted or changed, or it is a space from an older
+    release. What needs the space (the figures) cannot be answered; the campaign's status,
+    best and trials, which need only the store, still are."""
+
+
+def space_unloadable(campaign: Campaign, error: ParsearchError) -> SpaceUnloadable:
+    """The error that names the campaign, where its space came from and what no longer
+    loads (``error`` names the file or field), and says what still reads."""
+    source = f" (from {campaign.space_path})" if campaign.space_path else ""
+    return SpaceUnloadable(
+        f"campaign '{campaign.name}': its stored space{source} no longer loads: {error}. "
+        "Its figures need the space and are not drawn; its status, best and trials still "
+        f"read (/api/campaigns/{campaign.name}/trials)"
+    )
+
+
 def plain(value: Any) -> Any:
     """``value`` as strict JSON: NaN and infinities become null, numpy scalars Python ones."""
     if isinstance(value, dict):
