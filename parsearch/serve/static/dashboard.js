@@ -11,7 +11,7 @@ const params = new URLSearchParams(location.search);
 const token = params.get("token");
 const view = { campaign: params.get("campaign"), data: null, format: null,
                sort: { key: "trial", asc: true }, stateFilter: "", layoutFilter: {}, timer: null,
-               importanceKey: null, memUnit: null };
+               importanceKey: null, memUnit: null, bestKnownKey: null, bestKnownAt: 0 };
 
 function reportError(message) {
   const list = document.getElementById("errors");
@@ -545,6 +545,77 @@ function drawBest(data) {
   text.textContent = chosen.text ?? `not expressible: ${chosen.error}`;
 }
 
+// A layout in a few words, as the store's own ParallelLayout.short() writes it (the trials
+// table's layout_short): "tp2 pp4 dp16 mbs1 gas8 z1 rc=full".
+function layoutShort(l) {
+  let text = `tp${l.tp} pp${l.pp} dp${l.dp} mbs${l.mbs} gas${l.gas}`;
+  if (l.zero_stage) text += ` z${l.zero_stage}`;
+  if (l.recompute && l.recompute !== "none") text += ` rc=${l.recompute}`;
+  if (l.vpp > 1) text += ` vpp${l.vpp}`;
+  if (l.sequence_parallel) text += " sp";
+  return text;
+}
+
+// The best layout any campaign of the store found for this campaign's model on its
+// allocation (/best-known: `parsearch best --like` with this campaign's space), with where it
+// came from and whether it was measured or only predicted. `found` null: the server's reason
+// (nothing comparable was measured, or this campaign's space no longer loads) in `why`.
+function drawBestKnown(found, why = null, failed = false) {
+  const card = document.getElementById("best-known-card");
+  const value = document.getElementById("best-known-value");
+  const layout = document.getElementById("best-known-layout");
+  const detail = clear("best-known-detail");
+  const like = document.getElementById("best-known-like");
+  if (!found) {
+    card.dataset.state = failed ? "error" : "none";
+    value.textContent = failed ? "cannot be read now"
+      : view.data && view.data.space_error ? "cannot be compared" : "nothing comparable measured";
+    layout.textContent = "";
+    detail.textContent = why;
+    like.textContent = "";
+    return;
+  }
+  card.dataset.state = "ready";
+  const b = found.best;
+  const tokens = b.metrics.tokens_per_s ?? (b.objective.metric === "tokens_per_s" ? b.objective.value : null);
+  value.textContent = `${si(tokens)} tokens/s`;
+  layout.textContent = `${layoutShort(b.layout)}  (trial #${b.trial})`;
+  const here = b.campaign === view.campaign;
+  const link = document.createElement("a");
+  link.href = pageHref(b.campaign);
+  link.className = "campaign";
+  link.textContent = b.campaign;
+  const finished = b.finished_at ? `, finished ${new Date(b.finished_at * 1000).toLocaleString()}` : "";
+  detail.append(here ? "this campaign " : "campaign ", link,
+                `, trial #${b.trial}${finished} · ${b.provenance} · trainer ${b.trainer}`);
+  const allocations = found.other_allocations.map((o) => `${o.campaign} (${o.nodes} nodes)`);
+  const total = found.campaigns_in_store;
+  like.textContent = `${found.like} · ${found.ranked.length} of the store's ${total} ` +
+    `campaign${total === 1 ? "" : "s"} compare` +
+    (allocations.length ? ` · the same model at other node counts: ${allocations.join(", ")}` : "");
+}
+
+// Asked when the campaign opens, and again every 30 s (other campaigns of the store move it
+// too, and the answer reads every campaign's space).
+async function refreshBestKnown() {
+  const key = view.campaign;
+  if (view.bestKnownKey === key && Date.now() - view.bestKnownAt < 30000) return;
+  view.bestKnownKey = key;
+  view.bestKnownAt = Date.now();
+  const path = `campaigns/${encodeURIComponent(key)}/best-known`;
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  try {
+    const response = await fetch(`api/${path}`, { headers });
+    const body = await response.json();
+    if (view.campaign !== key) return;  // another campaign was chosen meanwhile
+    if (response.ok) drawBestKnown(body);
+    else drawBestKnown(null, body.error || `HTTP ${response.status}`, response.status !== 404);
+  } catch (error) {
+    view.bestKnownKey = null;
+    drawBestKnown(null, error.message, true);
+  }
+}
+
 const COLUMNS = [
   ["trial", "#", (t) => t.trial, true],
   ["state", "state", (t) => t.state, false],
@@ -669,25 +740,46 @@ function campaignMemUnit(data) {
   return memUnit(largest || data.memory_limit_bytes);
 }
 
+// The figures that need the campaign's space (its dimensions, its plan, the estimate): a
+// campaign whose stored space no longer loads gets none of them, and says why once, above.
+const SPACE_CHARTS = ["convergence", "heatmap", "fidelity-objective", "fidelity-memory", "parallel", "importance"];
+
 // The figures, each at its container's width.
 function drawCharts(data) {
-  drawConvergence(data);
-  drawHeatmap(data);
+  if (data.space_error) {
+    for (const id of SPACE_CHARTS) message(id, "not drawn: it needs the campaign's space, which no longer loads (above)");
+    for (const id of ["fidelity-objective-caption", "fidelity-memory-caption", "importance-caption"]) {
+      document.getElementById(id).textContent = "";
+    }
+  } else {
+    drawConvergence(data);
+    drawHeatmap(data);
+    drawFidelity(data, data.campaign.objective_metric, "fidelity-objective", data.objective_label);
+    drawFidelity(data, "peak_mem_bytes", "fidelity-memory", "memory/rank");
+    drawParallel(data);
+  }
   drawPareto(data);
-  drawFidelity(data, data.campaign.objective_metric, "fidelity-objective", data.objective_label);
-  drawFidelity(data, "peak_mem_bytes", "fidelity-memory", "memory/rank");
-  drawParallel(data);
   drawTimeline(data);
+}
+
+// Why the campaign's figures are missing, naming what no longer loads (a deleted machine
+// profile, a space from an older release); its trials are listed all the same.
+function drawSpaceError(data) {
+  const card = document.getElementById("space-error");
+  card.hidden = !data.space_error;
+  document.getElementById("space-error-text").textContent = data.space_error || "";
 }
 
 function draw(data) {
   view.memUnit = campaignMemUnit(data);
   view.chartsWidth = document.querySelector("main").clientWidth;
+  drawSpaceError(data);
   drawProgress(data);
   drawBest(data);
   drawCharts(data);
   drawTrials(data);
-  refreshImportance(data);
+  if (!data.space_error) refreshImportance(data);
+  refreshBestKnown();
 }
 
 // A change of the page's width (a phone turned, a window resized) redraws the figures at
@@ -699,7 +791,7 @@ window.addEventListener("resize", () => {
     if (!view.data || width === view.chartsWidth) return;
     view.chartsWidth = width;
     drawCharts(view.data);
-    if (view.importance && view.importance.dimensions.length) drawImportance(view.importance);
+    if (!view.data.space_error && view.importance && view.importance.dimensions.length) drawImportance(view.importance);
   }, 150);
 });
 
@@ -830,6 +922,7 @@ async function start() {
     view.campaign = select.value;
     history.replaceState(null, "", pageHref(view.campaign));
     view.importance = null;
+    view.bestKnownKey = null;
     document.getElementById("trial-detail").hidden = true;
     refresh();
   });
