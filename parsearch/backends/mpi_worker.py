@@ -83,21 +83,29 @@ def world() -> Any:
     from mpi4py import MPI
 
     if "MPI_LOCALNRANKS" in os.environ:  # hydra's; gone from the environment below
-        _launcher["hydra"] = True
+        _hydra["local_ranks"] = int(os.environ["MPI_LOCALNRANKS"])
     for name in [name for name in os.environ if name.startswith(JOB_VARIABLES)]:
         del os.environ[name]
     return MPI.COMM_WORLD
 
 
-# Whether MPICH's hydra (``mpiexec``) started this process, read by :func:`world` before it
-# removes the job's variables: hydra sets ``MPI_LOCALNRANKS``, ``srun``'s PMI does not.
-_launcher = {"hydra": False}
+# How many ranks share this rank's hydra proxy (``MPI_LOCALNRANKS``), read by :func:`world`
+# before it removes the job's variables; None when MPICH's hydra (``mpiexec``) did not start
+# this process (``srun``'s PMI sets no ``MPI_LOCALNRANKS``).
+_hydra: dict[str, int | None] = {"local_ranks": None}
 
 
 def launched_by_hydra() -> bool:
     """Whether hydra started this rank: hydra signals SIGUSR1 to the ranks when one of them
     dies, where under ``srun`` SIGUSR1 is Slurm's warning before the time limit."""
-    return _launcher["hydra"]
+    return _hydra["local_ranks"] is not None
+
+
+def hydra_proxies(comm: Any) -> bool:
+    """Whether hydra started this job with more than one proxy (ranks on several hosts, or
+    ``-hosts n0,n1,... -ppn 1`` on one): only then can one proxy outlive another."""
+    local_ranks = _hydra["local_ranks"]
+    return local_ranks is not None and local_ranks < comm.Get_size()
 
 
 class Mailbox:
