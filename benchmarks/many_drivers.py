@@ -12,7 +12,7 @@ driver had recorded before its kill must be there unchanged. Prints trials recor
 second (all drivers together, the kills' resumes included) and the readers' reads.
 
     .venv/bin/python benchmarks/many_drivers.py [--drivers 8] [--trials 200] [--kill 3]
-        [--readers 2] [--store PATH]
+        [--readers 2] [--store PATH|URL] [--trial-delay 0.1] [--seed 0]
 
 ``tests/test_many_drivers.py`` runs it at 8 x 200 with 3 kills and asserts what it checks.
 """
@@ -106,12 +106,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def drive(store: str, space: Path, trials: int, seed: int) -> subprocess.Popen:
+def drive(store: str, space: Path, trials: int, seed: int, delay_s: float) -> subprocess.Popen:
     return subprocess.Popen(
         _parsearch("run", str(space), "--store", store, "--backend", "simulate",
                    "--strategy", "random", "--budget", str(trials), "--seed", str(seed),
                    "--slots", "2", "--quiet", "--no-auto-warm-start",
-                   "--backend-opt", f"delay={TRIAL_DELAY_S}"),
+                   "--backend-opt", f"delay={delay_s}"),
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -198,6 +198,7 @@ def run(
     readers: int = 2,
     seed: int = 0,
     serve: bool = True,
+    trial_delay_s: float = TRIAL_DELAY_S,
 ) -> Outcome:
     """The whole scenario; ``store`` is a path (or a URL a store backend opens)."""
     from parsearch.store import open_store
@@ -221,7 +222,7 @@ def run(
         poller.start()
     began = time.monotonic()
     procs = {
-        name: drive(store, path, trials, i)
+        name: drive(store, path, trials, i, trial_delay_s)
         for i, (name, path) in enumerate(zip(names, paths, strict=True))
     }
     victims = {
@@ -286,15 +287,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill", type=int, default=3)
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--store", help="a store path or URL (default: a new SQLite file)")
+    parser.add_argument(
+        "--trial-delay", type=float, default=TRIAL_DELAY_S, metavar="S",
+        help=f"seconds each simulated trial takes (default {TRIAL_DELAY_S}); 0 measures the "
+        "store's own rate, where a driver may finish before its kill under load",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="which drivers are killed, when")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or str(Path(tmp) / "shared.db")
         outcome = run(
             store, Path(tmp), drivers=args.drivers, trials=args.trials, kills=args.kill,
-            readers=args.readers,
+            readers=args.readers, seed=args.seed, trial_delay_s=args.trial_delay,
         )  # fmt: skip
     print(
-        f"{args.drivers} drivers x {args.trials} trials into {args.store or 'one SQLite file'}"
+        f"{args.drivers} drivers x {args.trials} trials of {args.trial_delay} s into "
+        f"{args.store or 'one SQLite file'}"
         f" ({args.kill} killed: {', '.join(outcome.killed) or 'none'}): "
         f"{outcome.trials_per_s:.1f} trials recorded/s ({outcome.seconds:.1f} s); "
         f"{outcome.reads} reads by {args.readers} readers, {outcome.read_errors} failed; "
