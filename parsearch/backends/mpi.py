@@ -472,25 +472,29 @@ def release_workers(box: Mailbox, ranks: list[int]) -> None:
         with _ExitNotices() as notices:
             for index, rank in enumerate(ranks):
                 seen = notices.count
-                _say_exit(box, [rank])
+                if not _say_exit(box, [rank]):
+                    continue  # no goodbye (hung or gone): no exit of its to wait for
                 if not notices.wait_for_more_than(seen, EXIT_NOTICE_WAIT_S, box):
                     _say_exit(box, ranks[index + 1 :])
                     break
     discard_unreceived(box.comm)  # the beats that crossed the goodbyes
 
 
-def _say_exit(box: Mailbox, ranks: list[int]) -> None:
-    """Tell ``ranks`` to exit and wait up to :data:`BYE_WAIT_S` for their goodbyes."""
+def _say_exit(box: Mailbox, ranks: list[int]) -> set[int]:
+    """Tell ``ranks`` to exit and wait up to :data:`BYE_WAIT_S` for their goodbyes; the
+    ranks that said goodbye."""
     for rank in ranks:
         box.send(rank, EXIT)
-    waiting = set(ranks)
+    waiting, left = set(ranks), set()
     deadline = time.monotonic() + BYE_WAIT_S
     while waiting and time.monotonic() < deadline:
         for source, kind, _ in box.receive():
             if kind == BYE:
                 waiting.discard(source)
+                left.add(source)
         waiting.difference_update(box.flush())
         time.sleep(POLL_S)
+    return left
 
 
 class _ExitNotices:
