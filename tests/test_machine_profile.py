@@ -172,6 +172,27 @@ def test_campaign_records_the_profile_it_used(tmp_path):
     assert "machine profile test-machine" in (out / "index.html").read_text()
 
 
+def test_a_space_run_by_a_relative_path_is_served_from_any_folder(tmp_path, monkeypatch, capsys):
+    """Its profile is named relative to the space's file: a campaign started as ``run
+    space.yaml`` in that folder is reported (which reloads its space) from another."""
+    campaign_dir, elsewhere = tmp_path / "campaign", tmp_path / "elsewhere"
+    campaign_dir.mkdir()
+    elsewhere.mkdir()
+    write(campaign_dir / "m.yaml", PROFILE)
+    space_data = yaml.safe_load(TINY.read_text())
+    space_data["estimate"]["machine"] = "m.yaml"
+    write(campaign_dir / "space.yaml", space_data)
+    monkeypatch.chdir(campaign_dir)
+    args = ["run", "space.yaml", "--store", "c.db", "--budget", "1", "--backend", "simulate"]
+    assert main([*args, "--quiet"]) == 0
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    out = elsewhere / "report"
+    code = main(["report", "--store", str(campaign_dir / "c.db"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert "machine profile test-machine" in (out / "index.html").read_text()
+
+
 @pytest.mark.parametrize("slots", [None, 2])
 def test_stored_profile_reads_back_as_it_was(tmp_path, slots):
     """A resumed campaign rebuilds its profile from the campaign's settings."""

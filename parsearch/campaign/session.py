@@ -176,12 +176,14 @@ def start_campaign(
     campaign after its last trial still stops the caller (a scaling study's next size).
     """
     try:
+        # The stored source is absolute: a machine profile the space names by a relative
+        # path is found from it (serve, report, best --like) whatever their working folder.
         if isinstance(space_path, SearchSpace):
             space = space_path
-            source = space.source if Path(space.source).exists() else None
+            source = str(Path(space.source).resolve()) if Path(space.source).exists() else None
         else:
             space = load_space(space_path)
-            source = str(space_path)
+            source = str(Path(space_path).resolve())
         if settings.machine:
             space = apply_profile(space, settings.machine)
         if budget is not None:
