@@ -67,3 +67,33 @@ def test_bad_space_exits_2_with_one_paragraph_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert str(path) in result.stderr and "model.num_head" in result.stderr
     assert "did you mean 'num_heads'" in result.stderr
+
+
+def test_plan_prints_the_band_and_names_the_assumptions():
+    """Issue 38, item 2: a profile that states its figures' uncertainty gives each shown
+    layout a band of tokens/s and MFU, names which figures are assumptions, and says the
+    calibrated estimate replaces the band after the first measured trial."""
+    space = str(ROOT / "search_spaces" / "gpt-175b-frontier.yaml")
+    table = _parsearch("plan", space, "--top", "3")
+    assert table.returncode == 0, table.stderr
+    assert "tokens/s band" in table.stdout and "MFU band" in table.stdout
+    assert "assumptions: collective_latency" in table.stdout
+    assert "single points: gemm, attention, node_links" in table.stdout
+    assert "from the first measured trial on" in table.stdout
+    data = json.loads(_parsearch("plan", space, "--format", "json", "--top", "3").stdout)
+    assert data["machine"]["band"]["assumptions"] == ["collective_latency"]
+    for row in data["top"]:
+        assert row["mfu_low"] < row["mfu"] <= row["mfu_high"]
+        assert row["tokens_per_s_low"] < row["tokens_per_s"] <= row["tokens_per_s_high"]
+    rows = list(
+        csv.DictReader(
+            io.StringIO(_parsearch("plan", space, "--format", "csv", "--top", "3").stdout)
+        )
+    )
+    assert [float(row["mfu_low"]) for row in rows] == [row["mfu_low"] for row in data["top"]]
+
+
+def test_plan_without_stated_uncertainty_prints_no_band():
+    tiny = _parsearch("plan", str(ROOT / "search_spaces" / "tiny-cpu.yaml"), "--top", "2")
+    assert tiny.returncode == 0, tiny.stderr
+    assert "band" not in tiny.stdout

@@ -10,6 +10,7 @@ from typing import Any
 
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import rows
+from parsearch.estimate.band import predict_band
 from parsearch.space import SpacePlan, apply_profile, load_space
 from parsearch.units import count_of, format_bytes
 
@@ -32,13 +33,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+BAND_NOTE = (
+    "the band holds until a trial is measured: from the first measured trial on, "
+    "`parsearch run` ranks by the estimate calibrated from the campaign's own "
+    "measurements, which replaces the band"
+)
+
+
 def plan_rows(plan: SpacePlan, top: int) -> list[dict[str, Any]]:
+    """The table's rows; with a profile that states uncertainties, each row also has its
+    band (``tokens_per_s_low`` / ``_high``, ``mfu_low`` / ``_high``:
+    :func:`~parsearch.estimate.band.predict_band`)."""
+    space = plan.space
     rows = []
     for rank, (layout, prediction) in enumerate(plan.feasible[:top], start=1):
         row: dict[str, Any] = {"rank": rank, **layout.to_dict()}
         row.update(prediction.to_dict())
-        row["trial_s"] = prediction.step_time_s * plan.space.timed_steps
+        row["trial_s"] = prediction.step_time_s * space.timed_steps
         del row["fits"]
+        band = predict_band(space.model, layout, space.allocation, space.estimate, space.schedule)
+        if band is not None:
+            row.update(band.to_dict())
         rows.append(row)
     return rows
 
@@ -98,6 +113,31 @@ def profile_summary(space: Any) -> dict[str, Any] | None:
         "compute_efficiency": space.estimate.compute_efficiency,
         "gemm_half_efficiency_elements": space.estimate.gemm_half_efficiency_elements,
         "sources": list(profile.sources),
+        "uncertainty": [
+            {
+                "figure": item.figure,
+                "low": item.low,
+                "high": item.high,
+                "basis": item.basis,
+                "reason": item.reason,
+            }
+            for item in profile.uncertainty
+        ],
+        "band": _band_summary(profile) if profile.uncertainty else None,
+    }
+
+
+def _band_summary(profile: Any) -> dict[str, Any]:
+    by_basis: dict[str, list[str]] = {}
+    for item in profile.uncertainty:
+        by_basis.setdefault(item.basis, []).append(item.figure)
+    return {
+        "method": "the prediction at the slow and the fast corner of the stated ranges "
+        "(every rate at its low end and every latency at its high end, then the reverse)",
+        "assumptions": by_basis.get("assumption", []),
+        "single_points": by_basis.get("single point", []),
+        "data_sheet": by_basis.get("data sheet", []),
+        "note": BAND_NOTE,
     }
 
 
@@ -114,6 +154,23 @@ def _print_profile(space: Any) -> None:
     )
     for line in summary["sources"]:
         print(f"    source: {line}")
+    band = summary["band"]
+    if band is None:
+        print("    no stated uncertainty: no band (the figures are taken as exact)")
+        return
+    print("    band: the prediction at the slow and the fast corner of these stated ranges:")
+    for item in summary["uncertainty"]:
+        print(
+            f"      {item['figure']} x{item['low']:g}-{item['high']:g} ({item['basis']}): "
+            f"{item['reason']}"
+        )
+    for label, key in (
+        ("assumptions", "assumptions"),
+        ("single points", "single_points"),
+        ("data-sheet figures", "data_sheet"),
+    ):
+        print(f"    {label}: {', '.join(band[key]) or 'none'}")
+    print(f"    {band['note']}")
 
 
 def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list[dict]) -> None:
@@ -147,12 +204,20 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
         f"{'recomp':>9} {'vpp':>3} {'sp':>3} {'step s':>9} {'tokens/s':>11} "
         f"{'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10} {'trial s':>8}"
     )
+    banded = "mfu_low" in rows[0]
+    if banded:
+        header += f" {'tokens/s band':>19} {'MFU band':>11}"
     print(header)
     for row in rows:
-        print(
+        line = (
             f"{row['rank']:>3} {row['tp']:>3} {row['pp']:>3} {row['dp']:>5} {row['mbs']:>3} "
             f"{row['gas']:>4} {row['zero_stage']:>4} {row['recompute']:>9} {row['vpp']:>3} "
             f"{'y' if row['sequence_parallel'] else 'n':>3} {row['step_time_s']:>9.3g} "
             f"{row['tokens_per_s']:>11.4g} {row['tflops_per_device']:>8.3g} "
             f"{row['mfu']:>6.1%} {format_bytes(row['peak_mem_bytes']):>10} {row['trial_s']:>8.0f}"
         )
+        if banded:
+            tokens = f"{row['tokens_per_s_low']:.3g}-{row['tokens_per_s_high']:.3g}"
+            mfu = f"{row['mfu_low']:.1%}-{row['mfu_high']:.1%}"
+            line += f" {tokens:>19} {mfu:>11}"
+        print(line)

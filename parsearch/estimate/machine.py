@@ -86,6 +86,41 @@ class CollectiveFit:
     beta_s_per_byte: float
 
 
+# The figures a profile may state a range for (``uncertainty:``), and which of them is a
+# time (a latency: its high end is the slow one); the others are rates.
+UNCERTAIN_FIGURES: dict[str, str] = {
+    "gemm": "the GEMM rate (the curve's cap, or each probed point)",
+    "attention": "the fused attention rate (attention_tflops)",
+    "memory_bandwidth": "the memory bandwidth a streaming kernel reaches",
+    "collective_latency": "every collective's per-step latency",
+    "node_links": "the bandwidth of collectives inside a node",
+    "network": "the bandwidth of collectives and transfers across nodes",
+}
+LATENCY_FIGURES = frozenset({"collective_latency"})
+UNCERTAINTY_BASES = ("assumption", "single point", "data sheet")
+
+
+@dataclass(frozen=True)
+class FigureUncertainty:
+    """A stated range for one figure: the true value lies in ``[low, high]`` times the
+    figure as the profile writes it. ``measured``: values the profile's own sources
+    measured for the figure, in the figure's unit (the band must contain them)."""
+
+    figure: str
+    low: float
+    high: float
+    basis: str
+    reason: str
+    measured: tuple[float, ...] = ()
+
+    def slow(self) -> float:
+        """The factor at the end that makes a step slower."""
+        return self.high if self.figure in LATENCY_FIGURES else self.low
+
+    def fast(self) -> float:
+        return self.low if self.figure in LATENCY_FIGURES else self.high
+
+
 @dataclass(frozen=True)
 class MemoryBaseline:
     """What a rank holds besides the model's tensors, in the trainer's own measure."""
@@ -149,6 +184,9 @@ class MachineProfile:
     device: str = ""
     # Where each figure came from, one line per figure (a shipped profile's sources).
     sources: tuple[str, ...] = ()
+    # Stated ranges of the figures that are assumptions, single points or data-sheet values
+    # (:mod:`parsearch.estimate.band` turns them into a band around each prediction).
+    uncertainty: tuple[FigureUncertainty, ...] = ()
 
     def gemm_efficiency(self, tp: int, mbs: int, seq: int) -> float | None:
         """The measured efficiency at this shape, or at the nearest measured one with the same

@@ -21,6 +21,8 @@ A profile looks like::
       - {kind: tp-intra-node, op: all-reduce, group_size: 2,
          latency: 85us, bandwidth: 1.2GB/s}             # or bus_bandwidth: (nccl-tests' busbw)
     memory: {context: 0B, communicator_buffers: 0B, allocator_reserve: 0.0}
+    uncertainty:                                # optional: stated ranges (the band)
+      gemm: {low: 0.8639, high: 1.0, basis: single point, reason: "...", measured: [127]}
 
 ``allocation.nodes`` may be left out: the profile then describes a node shape and fits any
 number of nodes (a shipped device profile). ``compute_slots_per_node`` (CPU ranks only) is
@@ -28,7 +30,13 @@ how many ranks of a node can compute at once. ``latency + bytes / bandwidth`` is
 alpha-beta fit of one collective (``bytes``: the buffer each rank contributes);
 ``bus_bandwidth`` is the same fit written as nccl-tests prints it, the ring's share of the
 buffer per second, so ``bandwidth = bus_bandwidth / ring_volume``. ``memory`` is counted the
-way the trainer reports its peak. Every error names the file and the field and exits 2.
+way the trainer reports its peak. ``uncertainty`` gives, for a figure that is an assumption,
+a single point or a data-sheet value (``gemm``, ``attention``, ``memory_bandwidth``,
+``collective_latency``, ``node_links``, ``network``), the factor range ``[low, high]`` on the
+figure as written that its true value is stated to lie in, why, and what the profile's own
+sources measured for it (``measured``, in the figure's unit: TFLOP/s, GB/s or us);
+:mod:`parsearch.estimate.band` turns the ranges into a band. Every error names the file
+and the field and exits 2.
 """
 
 from __future__ import annotations
@@ -44,7 +52,10 @@ from parsearch.errors import SpaceError
 from parsearch.estimate.machine import (
     COLLECTIVE_OPS,
     GROUP_KINDS,
+    UNCERTAIN_FIGURES,
+    UNCERTAINTY_BASES,
     CollectiveFit,
+    FigureUncertainty,
     GemmPoint,
     GemmShapePoint,
     MachineProfile,
@@ -69,6 +80,7 @@ _TOP_KEYS = (
     "gemm",
     "collectives",
     "memory",
+    "uncertainty",
 )
 _REQUIRED = ("allocation", "precision", "peak_tflops", "gemm", "collectives", "memory")
 _PRECISIONS = ("bf16", "fp16", "fp32")
@@ -76,6 +88,7 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|ns
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _LAYER_KEYS = ("tp", "mbs", "seq", "efficiency", "seconds", "with_tp_seconds")
 _SHAPE_KEYS = ("m", "n", "k", "tflops", "source")
+_UNCERTAINTY_KEYS = ("low", "high", "basis", "reason", "measured")
 _COLLECTIVE_KEYS = (
     "kind",
     "op",
@@ -246,7 +259,40 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
         ),
         device=read.text(top["device"], "device") if "device" in top else "",
         sources=tuple(read.text(line, f"sources[{i}]") for i, line in enumerate(sources)),
+        uncertainty=_uncertainty(read, top.get("uncertainty", {})),
     )
+
+
+def _uncertainty(read: _Fields, value: Any) -> tuple[FigureUncertainty, ...]:
+    """``uncertainty: {FIGURE: {low, high, basis, reason, measured}}``: a stated range for
+    each figure that is an assumption, a single point or a data-sheet value."""
+    figures = read.mapping(value, "uncertainty", tuple(UNCERTAIN_FIGURES), ())
+    items = []
+    for figure, entry in figures.items():
+        where = f"uncertainty.{figure}"
+        entry = read.mapping(entry, where, _UNCERTAINTY_KEYS, ("low", "high", "basis", "reason"))
+        low = read.number(entry["low"], f"{where}.low")
+        high = read.number(entry["high"], f"{where}.high")
+        if not low <= 1.0 <= high:
+            raise read.error(
+                f"{where}.low",
+                f"the range is a factor on the figure as written: low <= 1 <= high, "
+                f"got [{low:g}, {high:g}]",
+            )
+        measured = read.items(entry.get("measured", []), f"{where}.measured", empty=True)
+        items.append(
+            FigureUncertainty(
+                figure=figure,
+                low=low,
+                high=high,
+                basis=read.choice(entry["basis"], f"{where}.basis", UNCERTAINTY_BASES),
+                reason=read.text(entry["reason"], f"{where}.reason"),
+                measured=tuple(
+                    read.number(item, f"{where}.measured[{i}]") for i, item in enumerate(measured)
+                ),
+            )
+        )
+    return tuple(items)
 
 
 def _gemm(read: _Fields, value: Any, peak: float) -> tuple[list[GemmPoint], list[GemmShapePoint]]:
@@ -357,6 +403,17 @@ def profile_to_dict(
         "communicator_buffers": f"{profile.memory.communicator_bytes:.0f}B",
         "allocator_reserve": profile.memory.allocator_reserve_fraction,
     }
+    if profile.uncertainty:
+        data["uncertainty"] = {
+            item.figure: {
+                "low": item.low,
+                "high": item.high,
+                "basis": item.basis,
+                "reason": item.reason,
+                **({"measured": list(item.measured)} if item.measured else {}),
+            }
+            for item in profile.uncertainty
+        }
     return data
 
 
