@@ -52,7 +52,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import linprog
@@ -66,6 +68,7 @@ from parsearch.estimate import (
     param_count,
     predict,
 )
+from parsearch.estimate.band import corner, predict_band, scaled_allocation, scaled_settings
 from parsearch.estimate.profile import with_machine
 from parsearch.estimate.timing import (
     bubble_in_slots,
@@ -529,7 +532,90 @@ def report_with_profile(name: str) -> dict[str, dict[str, float]]:
     }
 
 
+# The Frontier study's measured MFU (Dash et al., arXiv 2312.12705): the check of the
+# mi250x-frontier profile's band, never an input to the profile.
+ROOT = Path(__file__).resolve().parent.parent
+FRONTIER_STUDY_MFU = {"22b": 0.3838, "175b": 0.3614, "1t": 0.3196}
+
+
+def report_band() -> None:
+    """Issue 38, item 2: each Frontier space's best predicted layout, its band under the
+    mi250x-frontier profile's stated ranges (``parsearch plan``'s), the study's measured
+    MFU against it, the band's width, and each figure's slow end alone (which figure the
+    band's low end comes from)."""
+    print("\n### the band on the Frontier spaces (mi250x-frontier's stated ranges)\n")
+    print(
+        "| space | best layout | MFU | band | study | inside | width (points; high/low) "
+        "| each figure's slow end alone |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for size, study in FRONTIER_STUDY_MFU.items():
+        space = load_space(ROOT / "search_spaces" / f"gpt-{size}-frontier.yaml")
+        best, prediction = space.plan().feasible[0]
+        band = predict_band(space.model, best, space.allocation, space.estimate, space.schedule)
+        alone = []
+        for figure, factor in corner(space.estimate.machine, "slow").items():
+            one = {figure: factor}
+            mfu = predict(
+                space.model,
+                best,
+                scaled_allocation(space.allocation, one),
+                scaled_settings(space.estimate, one),
+                space.schedule,
+            ).mfu
+            alone.append(f"{figure} {mfu:.1%}")
+        inside = band.mfu_low <= study <= band.mfu_high
+        shape = f"tp{best.tp} pp{best.pp} dp{best.dp} mbs{best.mbs} gas{best.gas}"
+        print(
+            f"| {size} | {shape} | {prediction.mfu:.1%} | {band.mfu_low:.1%}–"
+            f"{band.mfu_high:.1%} | {study:.2%} | {'yes' if inside else 'no'} | "
+            f"{100 * (band.mfu_high - band.mfu_low):.1f}; {band.mfu_high / band.mfu_low:.2f} "
+            f"| {', '.join(alone)} |"
+        )
+
+
+def report_band_on_tables(name: str = "a100-80gb-dgx") -> None:
+    """The band of the A100 profile's stated ranges on the published A100 tables: how many
+    measured rows it contains (TFLOP/s per GPU as each table counts it)."""
+    settings = with_machine(
+        EstimateSettings(flash_attention=False), load_profile(name), A100_SELENE
+    )
+    print(f"\n### the band of {name} on the published A100 tables\n")
+    print("| table | rows inside | below the band | above | band width (high/low) |")
+    print("|---|---|---|---|---|")
+    for table, runs in (
+        ("narayanan-table1", narayanan_table1()),
+        ("korthikanti-table5", korthikanti_table5()),
+        ("narayanan-table2", narayanan_table2()),
+    ):
+        inside = below = above = 0
+        widths = []
+        for run in runs:
+            run_settings = replace(settings, dp_overlap=run.dp_overlap)
+            band = predict_band(run.model, run.layout, A100_SELENE, run_settings)
+            # The band's ratio to the prediction scales the table's own TFLOP/s count.
+            nominal = predict(run.model, run.layout, A100_SELENE, run_settings).tokens_per_s
+            tflops = predicted_tflops(run, settings)
+            low = tflops * band.tokens_per_s_low / nominal
+            high = tflops * band.tokens_per_s_high / nominal
+            widths.append(high / low)
+            if run.tflops_per_gpu < low:
+                below += 1
+            elif run.tflops_per_gpu > high:
+                above += 1
+            else:
+                inside += 1
+        print(
+            f"| {table} | {inside} of {len(runs)} | {below} | {above} | "
+            f"{min(widths):.2f}–{max(widths):.2f} |"
+        )
+
+
 def main() -> None:
+    if "--band" in sys.argv[1:]:
+        report_band()
+        report_band_on_tables()
+        return
     # Megatron-LM of 2021-22 ran a fused (unflashed) softmax; see the module docstring.
     settings = EstimateSettings(flash_attention=False)
     for name, heads, hidden, layers, _, _, gpus, batch, _, selective_s in KORTHIKANTI_TABLE5:
@@ -550,6 +636,8 @@ def main() -> None:
     oom = report_out_of_memory(settings)
     report_structure(settings)
     summaries.update(report_with_profile("a100-80gb-dgx"))
+    report_band()
+    report_band_on_tables()
     print("\n### Summary\n")
     print("| set | ratio range | pairwise | Spearman | same best |")
     print("|---|---|---|---|---|")
