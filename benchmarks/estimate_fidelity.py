@@ -68,7 +68,7 @@ from parsearch.estimate import (
     param_count,
     predict,
 )
-from parsearch.estimate.band import corner, predict_band, scaled_allocation, scaled_settings
+from parsearch.estimate.band import corner, predict_band, predict_scaled
 from parsearch.estimate.profile import with_machine
 from parsearch.estimate.timing import (
     bubble_in_slots,
@@ -556,12 +556,8 @@ def report_band() -> None:
         alone = []
         for figure, factor in corner(space.estimate.machine, "slow").items():
             one = {figure: factor}
-            mfu = predict(
-                space.model,
-                best,
-                scaled_allocation(space.allocation, one),
-                scaled_settings(space.estimate, one),
-                space.schedule,
+            mfu = predict_scaled(
+                space.model, best, space.allocation, space.estimate, one, space.schedule
             ).mfu
             alone.append(f"{figure} {mfu:.1%}")
         inside = band.mfu_low <= study <= band.mfu_high

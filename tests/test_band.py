@@ -11,7 +11,13 @@ import pytest
 
 from parsearch.config import AllocationSpec
 from parsearch.errors import SpaceError
-from parsearch.estimate.band import corner, predict_band, scaled_allocation, scaled_settings
+from parsearch.estimate.band import (
+    corner,
+    predict_band,
+    predict_scaled,
+    scaled_allocation,
+    scaled_settings,
+)
 from parsearch.estimate.machine import (
     UNCERTAIN_FIGURES,
     CollectiveFit,
@@ -21,7 +27,7 @@ from parsearch.estimate.machine import (
 )
 from parsearch.estimate.memory import EstimateSettings
 from parsearch.estimate.profile import profile_from_dict, profile_to_dict
-from parsearch.estimate.timing import collective_s, predict
+from parsearch.estimate.timing import collective_s
 from parsearch.profiles import load_profile, shipped
 from parsearch.space import load_space
 
@@ -131,12 +137,8 @@ def test_every_point_of_the_box_lies_between_the_corners(path):
             factors = {
                 item.figure: rng.uniform(item.low, item.high) for item in profile.uncertainty
             }
-            inside = predict(
-                space.model,
-                layout,
-                scaled_allocation(space.allocation, factors),
-                scaled_settings(space.estimate, factors),
-                space.schedule,
+            inside = predict_scaled(
+                space.model, layout, space.allocation, space.estimate, factors, space.schedule
             )
             assert band.tokens_per_s_low * (1 - 1e-9) <= inside.tokens_per_s
             assert inside.tokens_per_s <= band.tokens_per_s_high * (1 + 1e-9)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.estimate.machine import CollectiveFit, MachineProfile
 from parsearch.estimate.memory import EstimateSettings
-from parsearch.estimate.timing import predict
+from parsearch.estimate.timing import Prediction, predict
 
 _INTRA = ("tp-intra-node", "dp-intra-node")
 
@@ -113,6 +113,25 @@ class Band:
         return dataclasses.asdict(self)
 
 
+def predict_scaled(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+    factors: dict[str, float],
+    schedule: str = "1f1b",
+) -> Prediction:
+    """The prediction with the profile's figures (and the allocation's own bandwidths)
+    scaled by ``factors``: one point of the box the stated ranges span."""
+    return predict(
+        model,
+        layout,
+        scaled_allocation(allocation, factors),
+        scaled_settings(settings, factors),
+        schedule,
+    )
+
+
 def predict_band(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -124,17 +143,9 @@ def predict_band(
     machine = settings.machine
     if machine is None or not machine.uncertainty:
         return None
-    ends = []
-    for end in ("slow", "fast"):
-        factors = corner(machine, end)
-        prediction = predict(
-            model,
-            layout,
-            scaled_allocation(allocation, factors),
-            scaled_settings(settings, factors),
-            schedule,
-        )
-        ends.append(prediction)
-    slow, fast = ends
+    slow, fast = (
+        predict_scaled(model, layout, allocation, settings, corner(machine, end), schedule)
+        for end in ("slow", "fast")
+    )
     # MFU is on the allocation's (unscaled) peak, which scaled_allocation keeps.
     return Band(slow.tokens_per_s, fast.tokens_per_s, slow.mfu, fast.mfu)
