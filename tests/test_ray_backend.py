@@ -114,6 +114,34 @@ def test_bundles_of_one_and_two_nodes_and_a_killed_actor(tmp_path):
         assert rows[number].metrics["world_size"] == 2
 
 
+def test_an_actor_killed_before_its_start_returned_names_its_node(tmp_path):
+    """A kill that lands before an actor's start returns (a fresh-clone run under load
+    killed one between its node file and its reply) is named by the node Ray placed its
+    bundle on, as a kill mid-trial is: the user learns which node to look at."""
+    space = space_from_dict(SPACE)
+    options = {"num_cpus": "2", "workdir": str(tmp_path / "work"), "start_timeout": "120"}
+    backend = create_backend("ray", space, options=options)
+    try:
+        with open_store(tmp_path / "x.db") as store:
+            run = Runner(backend, store, space)
+            killed = run.submit(ParallelLayout(tp=1, pp=1, dp=1, mbs=2, gas=4))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any(
+                group["state"] == "CREATED"
+                for group in ray.util.placement_group_table().values()
+            ):
+                time.sleep(0.01)
+            actor = ray.get_actor(f"parsearch-{killed}-node0")
+            ray.kill(actor)  # the backend has not polled since it submitted the start
+            run.drain()
+            rows = store.trials(run.campaign.id)
+    finally:
+        backend.close()
+    assert [t.state.value for t in rows] == ["error"], trials_seen(rows)
+    assert rows[0].error.startswith("node lost: the actor of node 0 on "), trials_seen(rows)
+    assert rows[0].hosts and rows[0].hosts[0] in rows[0].error, trials_seen(rows)
+
+
 def test_a_campaign_runs_on_a_local_ray_cluster(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(json.dumps(SPACE))

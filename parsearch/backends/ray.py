@@ -52,18 +52,26 @@ OPTIONS = ("address", "num_cpus", "workdir", "grace", "start_timeout")
 WAIT_S = 0.5  # an actor answers a wait at least this often, so a cancel is never held long
 
 
-def _group_hosts() -> tuple[str, ...]:
-    """The hosts of the calling actor's placement group, bundle 0 first: the trial's nodes
-    (Ray places a group whole before any of its actors runs)."""
+def _bundle_nodes(group: Any) -> dict[int, tuple[str, str]]:
+    """(host name, address) of the node Ray placed each bundle of ``group`` on, by bundle
+    (Ray places a group whole before any of its actors runs); empty once it is removed."""
     import ray
-    from ray.util import get_current_placement_group, placement_group_table
+    from ray.util import placement_group_table
+
+    bundles = placement_group_table(group).get("bundles_to_node_id", {})
+    nodes = {n["NodeID"]: (n["NodeManagerHostname"], n["NodeManagerAddress"]) for n in ray.nodes()}
+    return {index: nodes.get(node_id, ("", "")) for index, node_id in bundles.items()}
+
+
+def _group_hosts() -> tuple[str, ...]:
+    """The hosts of the calling actor's placement group, bundle 0 first: the trial's nodes."""
+    from ray.util import get_current_placement_group
 
     group = get_current_placement_group()
     if group is None:
         return ()
-    bundles = placement_group_table(group)["bundles_to_node_id"]
-    names = {node["NodeID"]: node["NodeManagerHostname"] for node in ray.nodes()}
-    return tuple(names.get(bundles[index], "") for index in sorted(bundles))
+    placed = _bundle_nodes(group)
+    return tuple(placed[index][0] for index in sorted(placed))
 
 
 class NodeActor:
@@ -276,13 +284,20 @@ class RayBackend:
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             )
             where = trial.started.get(about.node)
-            host = f" on {where.host} ({where.addr})" if where else ""
+            # An actor that died before its start returned never said where it ran; its
+            # placement group's bundle did.
+            host, addr = (
+                (where.host, where.addr)
+                if where
+                else _bundle_nodes(trial.group).get(about.node, ("", ""))
+            )
+            on = f" on {host} ({addr})" if host else ""
             self._finish(
                 trial,
                 TrialResult(
                     TrialState.ERROR,
-                    error=f"node lost: the actor of node {about.node}{host} failed: {first}",
-                    hosts=[where.host] if where else [],
+                    error=f"node lost: the actor of node {about.node}{on} failed: {first}",
+                    hosts=[host] if host else [],
                 ),
             )
             return

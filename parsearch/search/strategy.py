@@ -34,6 +34,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
+from parsearch.search.owed import OWED_TOP, Measured, owed
 from parsearch.search.residual import (
     EstimateFrame,
     Plateau,
@@ -68,7 +69,9 @@ class Proposal:
 
     ``origin`` is ``initial`` (a seed from the estimate's ranking), ``optimizer`` (DeepHyper),
     ``estimate`` (the calibrated estimate's best untried layout), ``fallback`` (the next best
-    predicted layout, when DeepHyper repeated itself) or ``random``. ``prediction`` is
+    predicted layout, when DeepHyper repeated itself), ``owed`` (one of the uncalibrated
+    estimate's best layouts the budget still owes a trial, :mod:`parsearch.search.owed`) or
+    ``random``. ``prediction`` is
     ``None`` for layouts that break a rule. ``proxy`` says to measure the layout by a proxy
     trial at fewer replicas (:mod:`parsearch.search.proxy_phase`); ``None``: at full scale.
     """
@@ -311,6 +314,11 @@ class GuidedStrategy(Strategy):
         # Which items the uncalibrated estimate expects to fit: only these are ever tried
         # against the calibrated memory's verdict (see _with_rescues).
         self._estimate_fits = np.arange(len(items)) < len(plan.feasible)
+        # The uncalibrated estimate's best fitting layouts: each is tried within the budget
+        # unless a twin's measurement rules it out (_owed, issue 39).
+        self._top = plan.feasible[:OWED_TOP]
+        self._measured: list[Measured] = []
+        self.budget: int | None = None
         if warm_start is not None:
             warm_start.apply(self.estimate)
         self._keys = [c.key for c in items]
@@ -480,7 +488,36 @@ class GuidedStrategy(Strategy):
             ranked = ranked[: self.region]
         return [point_of(self.space, c.layout) for c in ranked]
 
+    def start(self, history: Sequence[TrialLike], *, budget: int) -> None:
+        self.budget = budget
+        super().start(history, budget=budget)
+
+    def owed(self) -> list[tuple[int, ParallelLayout]]:
+        """The uncalibrated estimate's best fitting layouts (rank, layout) not proposed yet
+        and ruled out by no twin's measurement (:func:`parsearch.search.owed.owed`)."""
+        predictions = {c.key: c.prediction for c in self.estimate.items}
+        return owed(self.space, self._top, self._measured, predictions, self.seen)
+
+    def _owed_now(self) -> list[Proposal]:
+        """The owed layouts, once the budget left has no trial to spare for them: the
+        search proposes as it would until then, and never ends with one untried."""
+        if self.budget is None:
+            return []
+        due = self.owed()
+        if not due or len(due) < self.budget - len(self.seen):
+            return []
+        index = self.estimate.index
+        return [
+            Proposal(layout, "owed", self.estimate.items[index[layout.key()]].prediction)
+            for _, layout in due
+        ]
+
     def _propose(self, n: int) -> Iterator[Proposal]:
+        owed_now = self._owed_now()
+        yield from owed_now
+        n -= len(owed_now)
+        if n <= 0:
+            return
         ranked = self._unseen_ranked()
         initial = max(0, min(n, self.n_seeds - len(self.seen)))
         tried = {
@@ -556,6 +593,8 @@ class GuidedStrategy(Strategy):
         self._pending.difference_update(layout.key() for layout, _ in results)
         for layout, value in results:
             measured = None if isinstance(value, str) else float(value)
+            state = TrialState.OK if measured is not None else _failed_state(value)
+            self._measured.append(Measured(layout, state, measured))
             self.plateau.add(measured)
             if value == f"F_{TrialState.OOM.value}":
                 self.estimate.out_of_memory(layout)
@@ -687,3 +726,11 @@ STRATEGIES: dict[str, type[Strategy]] = {
     RawCBOStrategy.name: RawCBOStrategy,
     RandomStrategy.name: RandomStrategy,
 }
+
+
+def _failed_state(value: Objective) -> TrialState:
+    """The state a told failure (``"F_<state>"``) names; ``error`` for any other value."""
+    try:
+        return TrialState(str(value).removeprefix("F_"))
+    except ValueError:
+        return TrialState.ERROR
