@@ -15,6 +15,7 @@ from parsearch.campaign.observers import Observers
 from parsearch.campaign.session import CampaignSettings, resume_campaign, start_campaign
 from parsearch.errors import BackendError, CampaignLockedError, StoreError
 from parsearch.result import TrialState
+from parsearch.search.strategy import GuidedStrategy
 from parsearch.space import load_space
 from parsearch.store import CampaignStatus, open_store
 
@@ -162,6 +163,31 @@ def test_a_drain_in_which_the_last_trials_finish_completes_the_campaign(tmp_path
     campaign, trials = _trials(db)
     assert campaign.status is CampaignStatus.FINISHED
     assert len(trials) == 2 and all(t.state is TrialState.OK for t in trials), trials_seen(trials)
+
+
+def test_a_drain_spends_its_grace_recording_results_not_learning_from_them(tmp_path, monkeypatch):
+    """What a drain's last trials teach is learnt again from the store on resume: the
+    strategy is not told them while the grace runs (a fresh clone at load average 10
+    overran a 10 s grace by 3 s, the driver refitting its models meanwhile)."""
+    told: list[list[int]] = []
+    finished = GuidedStrategy.finished
+
+    def spy(self, results):
+        told.append([record.number for record, _ in results])
+        finished(self, results)
+
+    monkeypatch.setattr(GuidedStrategy, "finished", spy)
+    db = tmp_path / "c.db"
+    signaller = _SignalAfterFirstTrial(signal.SIGUSR1)
+    settings = dataclasses.replace(_simulate(2, delay=1.0, jitter=0.5), grace_s=30.0)
+    outcome = start_campaign(
+        GPT175, db, budget=2, settings=settings, observers=Observers([signaller])
+    )
+    _, trials = _trials(db)
+    assert outcome.outcome is Outcome.BUDGET, trials_seen(trials)
+    assert all(t.state is TrialState.OK for t in trials), trials_seen(trials)
+    first = min(trials, key=lambda t: t.finished_at)
+    assert [numbers for numbers in told if numbers] == [[first.number]], (told, trials_seen(trials))
 
 
 def test_timeout_stops_the_session_and_a_larger_budget_continues(tmp_path):

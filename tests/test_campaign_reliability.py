@@ -152,7 +152,7 @@ def test_sigterm_drains_within_the_grace_period_and_resumes(tmp_path, grace):
     assert process.returncode == 0, err
     # Within the grace period (the trials end 2 s in), plus a process's exit on a loaded
     # 2-core machine when the grace is the shorter.
-    assert took < (grace if grace > 2 else grace + 3.0)
+    assert took < (grace if grace > 2 else grace + 3.0), (took, err)
     states = [t[1] for t in _snapshot(db).values()]
     if grace > 2:
         assert len(states) == 2 and all(state.finished for state in states)

@@ -125,6 +125,7 @@ class Driver:
         self.lease = lease
         self.settings = settings
         self.stop = stop or StopRequest()
+        self._draining = False
         self.progress = progress or Progress(enabled=False)
         self.observers = observers or Observers()
         self.metric = campaign.objective_metric
@@ -349,7 +350,12 @@ class Driver:
             self._finished_here += 1
             self._last_finish = time.monotonic()
             told.append((record, result))
-        self.strategy.finished(told)
+        # A drain ends this session: what its last results teach the strategy is learnt
+        # again from the store when the campaign continues, so its grace goes to recording
+        # them, not to refitting DeepHyper and the residual field (a second of CPU for a
+        # first result on 2 idle cores, many on a loaded node).
+        if not self._draining:
+            self.strategy.finished(told)
 
     def _interrupt(self, record: TrialRecord, result: TrialResult) -> None:
         """A trial stopped from outside (the job ending kills every process of its step) is
@@ -370,6 +376,7 @@ class Driver:
 
     def _drain(self, outcome: Outcome) -> Outcome:
         """Let running trials finish within the grace period; interrupt the rest."""
+        self._draining = True
         self.progress.message(
             f"{self.stop.reason}: starting no new trial; waiting up to "
             f"{self.settings.grace_s:g} s for {len(self.running)} running"
