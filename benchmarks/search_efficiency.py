@@ -136,6 +136,7 @@ class Variant:
     n_seeds: int | None = None  # one per (tp, pp) pair first; None: searched dimensions + 1
     field_kernel: bool = False  # the residual field with the random-field truth's own kernel
     cbo_frame: str = "estimate"  # what DeepHyper learns: the estimate's residual, or "raw"
+    owe: bool = True  # the believed best ten tried within the budget unless a twin rules out
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -151,6 +152,7 @@ class Variant:
             settle=self.settle,
             n_seeds=self.n_seeds,
             cbo_frame=self.cbo_frame,
+            owe=self.owe,
         )
         prior = (self.residual_length, self.category_distance)
         if self.residual and prior != (1.0, CATEGORY_DISTANCE):  # the default's field otherwise
@@ -213,6 +215,7 @@ VARIANTS = (
     Variant("settle-2", settle=2.0),  # ends once nothing untried could beat the best
     Variant("seeds-3", n_seeds=3),
     Variant("seeds-9", n_seeds=9),
+    Variant("no-owed", owe=False),  # the default before issue 39
     # A bound, not a strategy: what the best residual prior could give on the field truth.
     Variant("field-kernel", field_kernel=True),
 )

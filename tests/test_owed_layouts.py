@@ -12,13 +12,22 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 from truths import MEMORY, TRUTHS, TruthBackend
 
 from parsearch.campaign.api import run_campaign
 from parsearch.config import ParallelLayout
 from parsearch.result import TrialState
-from parsearch.search.owed import OWED_TOP, SLOWER_SHARE, Measured, owed, step_apart
+from parsearch.search.owed import (
+    OWED_TOP,
+    SLOWER_SHARE,
+    Measured,
+    owed,
+    owed_count,
+    step_apart,
+)
 from parsearch.search.strategy import GuidedStrategy
+from parsearch.search.warm_start import WarmStart
 from parsearch.space import load_space
 from parsearch.store import open_store
 
@@ -105,10 +114,11 @@ def test_a_twin_that_ran_rules_out_only_when_it_cannot_come_near_the_best(space)
 
 
 def test_the_strategy_proposes_what_it_owes_before_the_budget_runs_out(space):
-    """With a budget of the top ten and two more, the ranking's own picks (one seed per
-    (tp, pp) pair first) would leave some of the top ten untried: the strategy proposes
+    """With the smallest budget that owes the whole top ten, the ranking's own picks (one
+    seed per (tp, pp) pair first) would leave some of it untried: the strategy proposes
     them once the budget left has no trial to spare, and tries all ten."""
-    budget = OWED_TOP + 2
+    budget = 2 * OWED_TOP
+    assert owed_count(budget) == OWED_TOP
     strategy = GuidedStrategy(space, seed=0)
     strategy.start([], budget=budget)
     proposals = []
@@ -124,6 +134,44 @@ def test_the_strategy_proposes_what_it_owes_before_the_budget_runs_out(space):
     assert strategy.owed() == []
 
 
+def timed_out_space(tmp_path, timeout_s):
+    data = yaml.safe_load(SPACE.read_text())
+    data["trainer"] = {
+        "kind": "command", "parser": "json", "command": ["true"], "timeout": timeout_s,
+    }  # fmt: skip
+    path = tmp_path / "timed.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_space(path)
+
+
+def test_a_layout_expected_to_time_out_is_not_owed(tmp_path):
+    """The CI failure of the first version: a four-trial campaign under a 60 s timeout, whose
+    ten best layouts all exceed it, spent every trial on them and measured nothing."""
+    space = timed_out_space(tmp_path, 60)
+    strategy = GuidedStrategy(space, seed=0)
+    in_time = dict(zip(strategy._keys, strategy.estimate.in_time(), strict=True))
+    uncalibrated = [lay for lay, _ in space.plan().feasible[:OWED_TOP]]
+    assert not any(in_time[lay.key()] for lay in uncalibrated)  # else this tests nothing
+    believed = [lay for lay, _ in strategy.believed_top]
+    assert len(believed) == OWED_TOP and all(in_time[lay.key()] for lay in believed)
+
+
+def test_what_a_warm_start_saw_run_out_of_memory_is_not_owed(space):
+    """A warm start from this very space whose every ok peak ran 30% above the estimate:
+    layouts predicted within 30% of the limit are believed not to fit, and are not owed."""
+    plan = space.plan()
+    limit = space.allocation.device_memory_bytes
+    peaks = [(p.peak_mem_bytes, 1.3 * p.peak_mem_bytes) for _, p in plan.feasible[-8:]]
+    warm = WarmStart("a test", space, peaks=peaks, ooms=[], steps=[])
+    strategy = GuidedStrategy(space, seed=0, warm_start=warm)
+    cold = [lay for lay, p in plan.feasible[:OWED_TOP]]
+    heavy = [lay for lay, p in plan.feasible[:OWED_TOP] if 1.3 * p.peak_mem_bytes > limit]
+    assert heavy, f"no top-ten layout within 30% of the limit: {[lay.short() for lay in cold]}"
+    believed = {lay.key() for lay, _ in strategy.believed_top}
+    assert not believed & {lay.key() for lay in heavy}, [lay.short() for lay in heavy]
+    assert owed_count(6) == 3 and owed_count(1) == 0
+
+
 def campaign_trials(truth_name, memory, seed):
     space = load_space(SPACE)
     truth = TRUTHS[truth_name](space, seed, MEMORY[memory])
@@ -135,7 +183,7 @@ def campaign_trials(truth_name, memory, seed):
             budget=BUDGET, seed=seed,
         )  # fmt: skip
         with open_store(path, readonly=True) as store:
-            return space, store.trials(store.get_campaign().id)
+            return space, strategy, store.trials(store.get_campaign().id)
 
 
 @pytest.mark.slow
@@ -144,9 +192,9 @@ def campaign_trials(truth_name, memory, seed):
     ("truth_name", "seed"), [("rescaled", 0), ("independent", 4), ("field", 0)]
 )
 def test_no_top_ten_layout_that_fits_is_left_untried(truth_name, memory, seed):
-    space, trials = campaign_trials(truth_name, memory, seed)
+    space, strategy, trials = campaign_trials(truth_name, memory, seed)
     assert len(trials) == BUDGET
-    top = space.plan().feasible[:OWED_TOP]
+    top = strategy.believed_top
     measured = [Measured(t.layout, t.state, t.objective) for t in trials if t.state.finished]
     tried = {t.layout.key() for t in trials}
     left = owed(space, top, measured, predictions(space), tried)

@@ -4,9 +4,16 @@ A search that believes a layout is among the best few and fits, and never tries 
 its calibration or its proposals wander away from its own beliefs (issue 39: on a Frontier
 landscape the optimum, 7th of 477 by the estimate and predicted to fit with room, was never
 run in 60 trials: the calibrated ranking had moved it down and DeepHyper never proposed it).
-The rule kept here: each of the :data:`OWED_TOP` layouts the *uncalibrated* estimate ranks
-best among those it expects to fit is tried within the budget, unless the measurement of a
-close twin rules it out.
+The rule kept here: each of the :data:`OWED_TOP` layouts the search believes best before its
+first trial is tried within the budget, unless the measurement of a close twin rules it out.
+What it believes then is the uncalibrated estimate, or the estimate a warm start calibrated:
+a layout is believed to run when both expect it to fit and its steps are expected to finish
+within the trial timeout. The debt is at most half the budget (:func:`owed_count`): a
+six-trial campaign owes its three best, and keeps the rest for the search's own picks.
+(A first version owed the uncalibrated top ten whatever the budget and whatever the warm
+start knew: a warm-started 1T campaign of six trials ran three layouts its warm start had
+seen run out of memory, and a four-trial campaign whose ten best layouts all time out
+measured nothing.)
 
 **Twin.** A measured layout that differs from it in exactly one searched dimension, by one
 step of that dimension's candidates (mbs 2 for mbs 1 or 4, gas 32 for 64, pp 2 for 3 in
@@ -41,6 +48,11 @@ OWED_TOP = 10
 # A twin that ran rules a layout out when its measurement, carried over by the estimate's
 # ratio, reaches less than this share of the best measured objective.
 SLOWER_SHARE = 0.9
+
+
+def owed_count(budget: int) -> int:
+    """How many of the believed best layouts a campaign of ``budget`` trials owes a trial."""
+    return max(0, min(OWED_TOP, budget // 2))
 
 
 @dataclass(frozen=True)

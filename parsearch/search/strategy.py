@@ -34,7 +34,7 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.search.calibration import CalibratedEstimate
 from parsearch.search.candidates import Candidate, point_of, raw_layout
 from parsearch.search.optimizer import BayesianOptimizer, CBOSettings, Objective
-from parsearch.search.owed import OWED_TOP, Measured, owed
+from parsearch.search.owed import OWED_TOP, Measured, owed, owed_count
 from parsearch.search.residual import (
     EstimateFrame,
     Plateau,
@@ -279,7 +279,10 @@ class GuidedStrategy(Strategy):
     times its posterior spread, so the search looks where the estimate was never checked
     (``benchmarks/search_efficiency.py`` measures these choices on machines of other
     shapes than the estimate). ``warm_start`` calibrates before the first trial from
-    another campaign (:mod:`parsearch.search.warm_start`).
+    another campaign (:mod:`parsearch.search.warm_start`). Whatever the ranking does, the
+    layouts it believed best before the first trial are tried within the budget unless a
+    twin's measurement rules them out (``owed``, :mod:`parsearch.search.owed`; ``owe=False``
+    drops the rule, for the benchmark's comparison).
     """
 
     name = "default"
@@ -301,6 +304,7 @@ class GuidedStrategy(Strategy):
         acquisition: str = "mean",
         settle: float | None = None,
         cbo_frame: str = "estimate",
+        owe: bool = True,
     ):
         super().__init__(space, seed=seed)
         if cbo_frame not in CBO_FRAMES:
@@ -314,13 +318,14 @@ class GuidedStrategy(Strategy):
         # Which items the uncalibrated estimate expects to fit: only these are ever tried
         # against the calibrated memory's verdict (see _with_rescues).
         self._estimate_fits = np.arange(len(items)) < len(plan.feasible)
-        # The uncalibrated estimate's best fitting layouts: each is tried within the budget
-        # unless a twin's measurement rules it out (_owed, issue 39).
-        self._top = plan.feasible[:OWED_TOP]
         self._measured: list[Measured] = []
         self.budget: int | None = None
+        self.owe = owe
         if warm_start is not None:
             warm_start.apply(self.estimate)
+        # What the search believes best before its first trial: each is tried within the
+        # budget unless a twin's measurement rules it out (owed, issue 39).
+        self.believed_top = self._believed_top()
         self._keys = [c.key for c in items]
         self.optimizer_every = optimizer_every
         self.region = region
@@ -488,20 +493,36 @@ class GuidedStrategy(Strategy):
             ranked = ranked[: self.region]
         return [point_of(self.space, c.layout) for c in ranked]
 
+    def _believed_top(self) -> list[tuple[ParallelLayout, Prediction]]:
+        """The :data:`~parsearch.search.owed.OWED_TOP` best layouts by what is known before
+        the first trial: the uncalibrated estimate expects them to fit, and so does the
+        estimate as a warm start calibrated it (another campaign's out-of-memory trials
+        are measurements too), and their steps are expected to finish within the trial
+        timeout (a layout expected to time out is not expected to run at all)."""
+        believed = self._estimate_fits & self.estimate.fits() & self.estimate.in_time()
+        objective = self.estimate.objective()
+        order = np.flatnonzero(believed)
+        order = order[np.argsort(-objective[order], kind="stable")][:OWED_TOP]
+        return [(self.estimate.items[i].layout, self.estimate.items[i].prediction) for i in order]
+
     def start(self, history: Sequence[TrialLike], *, budget: int) -> None:
         self.budget = budget
         super().start(history, budget=budget)
 
     def owed(self) -> list[tuple[int, ParallelLayout]]:
-        """The uncalibrated estimate's best fitting layouts (rank, layout) not proposed yet
-        and ruled out by no twin's measurement (:func:`parsearch.search.owed.owed`)."""
+        """The believed best layouts (rank, layout) not proposed yet and ruled out by no
+        twin's measurement (:func:`parsearch.search.owed.owed`), as many as the budget
+        owes (:func:`parsearch.search.owed.owed_count`)."""
         predictions = {c.key: c.prediction for c in self.estimate.items}
-        return owed(self.space, self._top, self._measured, predictions, self.seen)
+        top = self.believed_top
+        if self.budget is not None:
+            top = top[: owed_count(self.budget)]
+        return owed(self.space, top, self._measured, predictions, self.seen)
 
     def _owed_now(self) -> list[Proposal]:
         """The owed layouts, once the budget left has no trial to spare for them: the
         search proposes as it would until then, and never ends with one untried."""
-        if self.budget is None:
+        if self.budget is None or not self.owe:
             return []
         due = self.owed()
         if not due or len(due) < self.budget - len(self.seen):
