@@ -127,8 +127,7 @@ def test_an_actor_killed_before_its_start_returned_names_its_node(tmp_path):
             killed = run.submit(ParallelLayout(tp=1, pp=1, dp=1, mbs=2, gas=4))
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not any(
-                group["state"] == "CREATED"
-                for group in ray.util.placement_group_table().values()
+                group["state"] == "CREATED" for group in ray.util.placement_group_table().values()
             ):
                 time.sleep(0.01)
             actor = ray.get_actor(f"parsearch-{killed}-node0")
