@@ -17,6 +17,9 @@ time, peak memory, or out of memory / timeout), deterministically per seed:
 * :class:`RandomField` (``field``): the estimate's throughput times a seeded smooth random
   field over the layout's dimensions (correlation length 1-2 index steps per dimension,
   within +-25%), drawn until the optimum is a layout the estimate ranks 5th to 50th.
+* :class:`CostlyTensorParallel` (``tp-costly``): the estimate exactly, but for the tensor-
+  parallel all-reduces inside a node, which cost 1.5 times what it predicts (a structural
+  error in one part of the step, so the optimum moves to less TP than the estimate's).
 
 On every truth the peak memory is then multiplied by ``mem_factor`` (the memory directions:
 1, 1.2, 0.85, i.e. the limit as is, x1/1.2, x1/0.85) and the throughput by a per-layout
@@ -170,6 +173,28 @@ class RandomField(Truth):
     def answer(self, layout: ParallelLayout) -> Answer:
         prediction = self.space.predict(layout)
         return Answer(prediction.step_time_s / self._factor(layout), prediction.memory.total)
+
+
+class CostlyTensorParallel(Truth):
+    """The estimate with its in-node tensor-parallel all-reduces :data:`FACTOR` times slower.
+
+    Every micro-batch slot of the pipeline (the bubble's too) holds one slot of TP
+    all-reduces, so the added time is ``(FACTOR - 1) * tp_comm_s * slots / micro-batches``;
+    a TP group that spans nodes is as the estimate says.
+    """
+
+    name = "tp-costly"
+    FACTOR = 1.5
+
+    def answer(self, layout: ParallelLayout) -> Answer:
+        prediction = self.space.predict(layout)
+        step = prediction.step_time_s
+        if layout.tp <= self.space.allocation.devices_per_node and prediction.tp_comm_s > 0:
+            slots = (prediction.compute_s + prediction.tp_comm_s + prediction.bubble_s) / (
+                prediction.compute_s + prediction.tp_comm_s
+            )
+            step += (self.FACTOR - 1.0) * prediction.tp_comm_s * slots
+        return Answer(step, prediction.memory.total)
 
 
 @dataclass(frozen=True)
@@ -456,6 +481,7 @@ TRUTHS: dict[str, type[Truth]] = {
     RandomField.name: RandomField,
     PublishedSweep.name: PublishedSweep,
     MemoryWall.name: MemoryWall,
+    CostlyTensorParallel.name: CostlyTensorParallel,
 }
 MEMORY = {"as is": 1.0, "heavier": 1.2, "lighter": 0.85}
 
