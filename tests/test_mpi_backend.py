@@ -377,6 +377,25 @@ def test_a_worker_lost_for_silence_comes_back_when_it_answers_again(tmp_path):
     assert any(node["pid"] == paused["pid"] for node in later), "it ran trials again"
 
 
+def test_the_last_worker_lost_for_silence_is_waited_for_and_comes_back(tmp_path):
+    """Every node silent at once (a hung file system; seen on a fresh clone at load average
+    10, both workers lost at 2 s): the campaign does not end while a node lost for silence
+    may still answer (``lost_after`` after it was lost); it answers, and the budget is run."""
+    work = tmp_path / "work"
+    paused: dict = {}
+    pauser = pause_first_worker(work, 5.0, paused)
+    done = run_campaign(
+        tmp_path, 2, 1, 3, "lost_after=4", "heartbeat=0.5", "driver_worker=no", steps=100,
+        timeout=300, options=["-disable-auto-cleanup"],
+    )  # fmt: skip
+    pauser.join()
+    assert done.returncode == 0, done.stdout
+    assert f"(pid {paused['pid']}) lost: it sent nothing for " in done.stdout
+    assert "0 workers left" in done.stdout, done.stdout
+    assert f"(pid {paused['pid']}) answers again; back in the campaign, 1 workers" in done.stdout
+    assert "budget reached; 3/3 trials finished (ok 2, error 1)" in done.stdout, done.stdout
+
+
 def test_proxies_run_two_at_once_on_four_nodes_then_one_confirms_at_full_scale(tmp_path):
     """``mpiexec -n 5``: the driver and four one-device nodes. Under ZeRO-1 a proxy keeps
     two replicas (two nodes), so two proxies fill the allocation; the budget's last trial

@@ -203,7 +203,14 @@ class MPIBackend:
 
     @property
     def capacity(self) -> int:
-        live = sum(1 for node in self._nodes.values() if not node.lost)
+        """Trials that can run at once, counting the nodes lost for silence up to
+        ``lost_after`` ago: they may answer again (a hung file system stalls every node at
+        once), so the driver waits that long for them rather than ending the campaign at
+        once; a node that stays silent is given up (a dead host: the campaign stops)."""
+        now = time.monotonic()
+        live = sum(
+            1 for node in self._nodes.values() if not node.lost or self._may_return(node, now)
+        )
         room = live // self._nodes_per_trial
         return min(room, self._slots) if self._slots else room
 
@@ -362,6 +369,10 @@ class MPIBackend:
         if trial is not None:
             error = f"node lost: {node.lost}"
             self._finish(trial, TrialResult(TrialState.ERROR, error=error, hosts=[node.host]))
+
+    def _may_return(self, node: _Node, now: float) -> bool:
+        """Whether a lost node may still answer: lost for silence, ``lost_after`` ago at most."""
+        return node.revivable and now - node.lost_at <= self.settings.lost_after_s
 
     def _readmit(self, node: _Node) -> None:
         """A node lost for silence answered the cancel: it was only slow (stopped, paused
