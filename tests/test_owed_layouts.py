@@ -149,7 +149,8 @@ def test_a_layout_expected_to_time_out_is_not_owed(tmp_path):
     ten best layouts all exceed it, spent every trial on them and measured nothing."""
     space = timed_out_space(tmp_path, 60)
     strategy = GuidedStrategy(space, seed=0)
-    in_time = dict(zip(strategy._keys, strategy.estimate.in_time(), strict=True))
+    keys = [c.key for c in strategy.estimate.items]
+    in_time = dict(zip(keys, strategy.estimate.in_time(), strict=True))
     uncalibrated = [lay for lay, _ in space.plan().feasible[:OWED_TOP]]
     assert not any(in_time[lay.key()] for lay in uncalibrated)  # else this tests nothing
     believed = [lay for lay, _ in strategy.believed_top]

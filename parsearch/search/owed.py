@@ -1,4 +1,4 @@
-"""Layouts a campaign owes a trial: the uncalibrated estimate's best, unless a twin rules them out.
+"""Layouts a campaign owes a trial: those it first believed best, unless a twin rules them out.
 
 A search that believes a layout is among the best few and fits, and never tries it, has let
 its calibration or its proposals wander away from its own beliefs (issue 39: on a Frontier
@@ -43,7 +43,7 @@ from parsearch.estimate import Prediction
 from parsearch.result import TrialState
 from parsearch.space import SearchSpace
 
-# How many of the uncalibrated estimate's best fitting layouts a campaign owes a trial.
+# How many of the layouts believed best before the first trial a campaign owes a trial.
 OWED_TOP = 10
 # A twin that ran rules a layout out when its measurement, carried over by the estimate's
 # ratio, reaches less than this share of the best measured objective.
@@ -117,7 +117,7 @@ def owed(
     predictions: Mapping[str, Prediction],
     tried: set[str],
 ) -> list[tuple[int, ParallelLayout]]:
-    """The layouts of ``top`` (the uncalibrated estimate's best fitting ones, best first)
+    """The layouts of ``top`` (those believed best before the first trial, best first)
     still owed a trial, with their rank (1 = best): not in ``tried`` (layout keys) and
     ruled out by no twin in ``measured``; ``predictions`` holds the twins' predictions by
     key (a twin without one rules nothing out)."""

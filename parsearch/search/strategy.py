@@ -69,8 +69,9 @@ class Proposal:
 
     ``origin`` is ``initial`` (a seed from the estimate's ranking), ``optimizer`` (DeepHyper),
     ``estimate`` (the calibrated estimate's best untried layout), ``fallback`` (the next best
-    predicted layout, when DeepHyper repeated itself), ``owed`` (one of the uncalibrated
-    estimate's best layouts the budget still owes a trial, :mod:`parsearch.search.owed`) or
+    predicted layout, when DeepHyper repeated itself), ``owed`` (one of the layouts it
+    believed best before its first trial that the budget still owes a trial,
+    :mod:`parsearch.search.owed`) or
     ``random``. ``prediction`` is
     ``None`` for layouts that break a rule. ``proxy`` says to measure the layout by a proxy
     trial at fewer replicas (:mod:`parsearch.search.proxy_phase`); ``None``: at full scale.
@@ -513,7 +514,12 @@ class GuidedStrategy(Strategy):
         """The believed best layouts (rank, layout) not proposed yet and ruled out by no
         twin's measurement (:func:`parsearch.search.owed.owed`), as many as the budget
         owes (:func:`parsearch.search.owed.owed_count`)."""
-        predictions = {c.key: c.prediction for c in self.estimate.items}
+        index, items = self.estimate.index, self.estimate.items
+        predictions = {
+            key: items[index[key]].prediction
+            for key in {m.layout.key() for m in self._measured}
+            if key in index
+        }
         top = self.believed_top
         if self.budget is not None:
             top = top[: owed_count(self.budget)]
