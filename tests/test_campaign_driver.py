@@ -179,7 +179,9 @@ def test_a_drain_spends_its_grace_recording_results_not_learning_from_them(tmp_p
     monkeypatch.setattr(GuidedStrategy, "finished", spy)
     db = tmp_path / "c.db"
     signaller = _SignalAfterFirstTrial(signal.SIGUSR1)
-    settings = dataclasses.replace(_simulate(2, delay=1.0, jitter=0.5), grace_s=30.0)
+    # The two trials end 2.1 s and 4.4 s in (their seeded jitter): apart enough that the
+    # driver records them one at a time, the second in the drain, however loaded the node.
+    settings = dataclasses.replace(_simulate(2, delay=3.0, jitter=0.5), grace_s=30.0)
     outcome = start_campaign(
         GPT175, db, budget=2, settings=settings, observers=Observers([signaller])
     )
