@@ -214,8 +214,12 @@ class Plateau:
         self.best = 0.0
         self.since = 0
 
+    def gains(self, objective: float | None) -> bool:
+        """Whether ``objective`` would raise the best by more than the tolerance."""
+        return objective is not None and objective > self.best * (1 + self.tolerance)
+
     def add(self, objective: float | None) -> None:
-        if objective is not None and objective > self.best * (1 + self.tolerance):
+        if self.gains(objective):
             self.best = objective
             self.since = 0
         else:
