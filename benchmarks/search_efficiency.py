@@ -137,6 +137,10 @@ class Variant:
     field_kernel: bool = False  # the residual field with the random-field truth's own kernel
     cbo_frame: str = "estimate"  # what DeepHyper learns: the estimate's residual, or "raw"
     owe: bool = True  # the believed best ten tried within the budget unless a twin rules out
+    # The estimate's memory scaled by this before the first trial: told how much heavier the
+    # truth's memory is (heavier: 1.2), the bound that learning it online can approach.
+    memory_told: float = 1.0
+    optimizer_patience: int | None = 3  # DeepHyper's turn given back after this many dry
 
     def build(self, space: SearchSpace, seed: int) -> Strategy:
         strategy = GuidedStrategy(
@@ -153,6 +157,7 @@ class Variant:
             n_seeds=self.n_seeds,
             cbo_frame=self.cbo_frame,
             owe=self.owe,
+            optimizer_patience=self.optimizer_patience,
         )
         prior = (self.residual_length, self.category_distance)
         if self.residual and prior != (1.0, CATEGORY_DISTANCE):  # the default's field otherwise
@@ -167,6 +172,9 @@ class Variant:
             strategy.estimate = FrozenEstimate(space, strategy.estimate.items)
         elif not self.local_memory:
             strategy.estimate = GlobalMemoryEstimate(space, strategy.estimate.items)
+        if self.memory_told != 1.0:
+            strategy.estimate.predicted_mem *= self.memory_told
+            strategy.estimate.local.predicted *= self.memory_told
         return strategy
 
 
@@ -216,6 +224,8 @@ VARIANTS = (
     Variant("seeds-3", n_seeds=3),
     Variant("seeds-9", n_seeds=9),
     Variant("no-owed", owe=False),  # the default before issue 39
+    Variant("memory-told-1.2", memory_told=1.2),  # the heavier memory known from the start
+    Variant("cbo-keeps-share", optimizer_patience=None),  # the default before issue 39 item 2
     # A bound, not a strategy: what the best residual prior could give on the field truth.
     Variant("field-kernel", field_kernel=True),
 )
