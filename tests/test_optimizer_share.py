@@ -70,6 +70,20 @@ def test_a_share_that_finds_nothing_goes_back_to_the_ranking(space_175b):
     assert origins.count("estimate") == 30 - 3 - origins.count("initial"), origins
 
 
+def test_deephyper_is_told_nothing_once_it_has_given_its_share_back(space_175b):
+    strategy = GuidedStrategy(space_175b, seed=0)
+    told = []
+    tell = strategy.optimizer.tell
+    strategy.optimizer.tell = lambda results: (told.extend(results), tell(results))
+    try:
+        origins, _ = _drive(strategy, 30)
+    finally:
+        strategy.close()
+    third = [i for i, origin in enumerate(origins) if origin == "optimizer"][2]
+    # Each result up to its third dry one, then none: each tell refits its surrogate.
+    assert len(told) == third, (len(told), origins)
+
+
 @pytest.mark.parametrize(
     "settings", [{"deephyper_gains": True}, {"optimizer_patience": None}], ids=["gains", "kept"]
 )

@@ -70,6 +70,7 @@ class Record:
     state: TrialState = TrialState.QUEUED
     objective: float | None = None
     metrics: dict = field(default_factory=dict)
+    origin: str = "estimate"
 
 
 def layouts(space: SearchSpace) -> list[ParallelLayout]:

@@ -112,6 +112,8 @@ class TrialLike(Protocol):
     def objective(self) -> float | None: ...
     @property
     def metrics(self) -> dict: ...
+    @property
+    def origin(self) -> str: ...
 
 
 def told_value(record: TrialLike) -> Objective:
@@ -515,15 +517,14 @@ class GuidedStrategy(Strategy):
     def start(self, history: Sequence[TrialLike], *, budget: int) -> None:
         self.budget = budget
         # What DeepHyper proposed in an earlier session still counts for or against its turn.
-        self._optimizer_keys.update(
-            r.layout.key() for r in history if getattr(r, "origin", None) == "optimizer"
-        )
+        self._optimizer_keys.update(r.layout.key() for r in history if r.origin == "optimizer")
         super().start(history, budget=budget)
 
     def _optimizer_earns(self) -> bool:
         """Whether DeepHyper keeps its turn: not once ``optimizer_patience`` of its results
         in a row raised the best by nothing (``None``: always). Its share then goes to the
-        ranking for the rest of the campaign; it is still told every result.
+        ranking for the rest of the campaign, and it is told no more results (it will not be
+        asked again, and each tell refits its surrogate).
 
         In the estimate's frame DeepHyper learns the same residual as the ranking, so its
         proposals are the ranking's with more exploration: on the benchmark's truths it gave
@@ -660,7 +661,7 @@ class GuidedStrategy(Strategy):
                 i = self.estimate.index.get(layout.key())
                 if self.residual is not None and i is not None:
                     self.residual.add(i, measured)
-        if self.optimizer is not None and results:
+        if self.optimizer is not None and results and self._optimizer_earns():
             region = self._region_points()
             if region:
                 self.optimizer.restrict(region)
