@@ -105,27 +105,137 @@ class AllocationSpec:
         return self.nodes * self.devices_per_node
 
 
-@dataclass(frozen=True, order=True)
-class ParallelLayout:
-    """One point of the search: how a training step is split over ``tp*pp*dp`` ranks.
+@dataclass(frozen=True)
+class Dimension:
+    """What every listing of layouts needs to know of one layout field: a table column, a
+    short-form token, a filter's bounds, a placeholder's description, a search feature.
 
-    ``gas`` is the number of micro-batches per step per data-parallel replica; it is also the
-    number of micro-batches the pipeline schedule sees.
+    Declared once, beside the field (:func:`_dimension`); the places that only *list*
+    dimensions read :data:`LAYOUT_DIMENSIONS`, so a new one is a field here plus its rules in
+    :func:`layout_violations`, and only the code that gives it meaning (estimate, trainer,
+    exports) changes. ``kind``: ``int`` (a degree or count), ``choice`` (one of ``choices``)
+    or ``bool``. ``token``: the short form's prefix (``tp`` for ``tp2``, ``rc=`` for
+    ``rc=full``, ``sp`` for a true flag). ``always_shown``: in the short form even at its
+    default. ``searched``: a space may search it (``dp`` is derived). ``keyed_at_default``:
+    the field enters a layout's key at its default; ``False`` for a dimension added after
+    stores existed, so a layout stored before it keeps its identity. ``order``: where it
+    stands in tables and short forms (Megatron's rank order for the parallel degrees).
     """
 
-    tp: int
-    pp: int
-    dp: int
-    mbs: int
-    gas: int
-    zero_stage: int = 0
-    recompute: Recompute = "none"
-    vpp: int = 1
-    sequence_parallel: bool = False
+    name: str
+    kind: Literal["int", "choice", "bool"]
+    default: Any
+    token: str
+    help: str
+    order: int
+    minimum: int = 1
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    always_shown: bool = False
+    searched: bool = True
+    keyed_at_default: bool = True
+
+    @property
+    def label(self) -> str:
+        """A table's column header: the token, or the name where the token is cryptic."""
+        return {"zero_stage": "zero", "recompute": "recomp"}.get(self.name, self.name)
+
+    def shows(self, value: Any) -> str:
+        """``value`` in the short form, or "" where the short form leaves it out."""
+        if not self.always_shown and value == self.default:
+            return ""
+        if self.kind == "bool":
+            return self.token if value else ""
+        return f"{self.token}{value}"
+
+    def cell(self, value: Any) -> str:
+        """``value`` in a table cell."""
+        if self.kind == "bool":
+            return "y" if value else "n"
+        return str(value)
+
+    def coerce(self, value: Any) -> Any:
+        """``value`` as the field's type (a store's JSON, a query string, a YAML scalar)."""
+        if self.kind == "int":
+            return int(value)
+        if self.kind == "bool":
+            return _as_bool(value)
+        return str(value)
+
+
+def _dimension(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
+    """A layout field and its :class:`Dimension` (named when the class is built)."""
+    return dataclasses.field(default=default, metadata={"dimension": declared})
+
+
+@dataclass(frozen=True, order=True)
+class ParallelLayout:
+    """One point of the search: how a training step is split over ``tp*cp*pp*dp`` ranks.
+
+    ``gas`` is the number of micro-batches per step per data-parallel replica; it is also the
+    number of micro-batches the pipeline schedule sees. ``cp`` splits every sequence over
+    that many ranks (context parallelism, ring attention); ranks are ordered tp-cp-dp-pp,
+    innermost first, as Megatron places them. A new field goes last (positional
+    construction stays valid) and says where it shows with ``order``.
+    """
+
+    tp: int = _dimension(
+        kind="int", token="tp", order=10, always_shown=True, help="tensor-parallel ranks"
+    )
+    pp: int = _dimension(
+        kind="int", token="pp", order=30, always_shown=True, help="pipeline stages"
+    )
+    dp: int = _dimension(
+        kind="int",
+        token="dp",
+        order=40,
+        always_shown=True,
+        searched=False,
+        help="data-parallel replicas (world_size / (tp*cp*pp))",
+    )
+    mbs: int = _dimension(
+        kind="int", token="mbs", order=50, always_shown=True, help="micro-batch size"
+    )
+    gas: int = _dimension(
+        kind="int",
+        token="gas",
+        order=60,
+        always_shown=True,
+        help="micro-batches per step (gradient accumulation)",
+    )
+    zero_stage: int = _dimension(
+        0, kind="int", token="z", order=70, minimum=0, maximum=3, help="ZeRO stage (0-3)"
+    )
+    recompute: Recompute = _dimension(
+        "none",
+        kind="choice",
+        token="rc=",
+        order=80,
+        choices=RECOMPUTE_CHOICES,
+        help="activation recompute: none, selective or full",
+    )
+    vpp: int = _dimension(
+        1,
+        kind="int",
+        token="vpp",
+        order=90,
+        help="virtual pipeline stages per pipeline rank (1: no interleaving)",
+    )
+    sequence_parallel: bool = _dimension(
+        False, kind="bool", token="sp", order=100, help="sequence parallel (with tp > 1)"
+    )
+    cp: int = _dimension(
+        1,
+        kind="int",
+        token="cp",
+        order=20,
+        keyed_at_default=False,
+        help="context-parallel ranks: each sequence split over them (ring attention)",
+    )
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -137,37 +247,47 @@ class ParallelLayout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParallelLayout:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        """The layout ``data`` describes; a field it leaves out takes its default, so a
+        layout stored before a dimension existed reads back."""
+        unknown = sorted(set(data) - set(DIMENSIONS_BY_NAME))
         if unknown:
-            raise LayoutError(f"unknown layout fields {unknown}; valid: {sorted(names)}")
-        values = dict(data)
-        for name in ("tp", "pp", "dp", "mbs", "gas", "zero_stage", "vpp"):
-            if name in values:
-                values[name] = int(values[name])
-        if "sequence_parallel" in values:
-            values["sequence_parallel"] = _as_bool(values["sequence_parallel"])
-        if "recompute" in values:
-            values["recompute"] = str(values["recompute"])
-        return cls(**values)
+            raise LayoutError(
+                f"unknown layout fields {unknown}; valid: {sorted(DIMENSIONS_BY_NAME)}"
+            )
+        return cls(**{name: DIMENSIONS_BY_NAME[name].coerce(value) for name, value in data.items()})
 
     def key(self) -> str:
-        """Canonical identity within a campaign: equal layouts give equal keys."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Canonical identity within a campaign: equal layouts give equal keys, and a
+        dimension added later leaves the keys of layouts at its default as they were."""
+        keyed = {
+            d.name: getattr(self, d.name)
+            for d in LAYOUT_DIMENSIONS
+            if d.keyed_at_default or getattr(self, d.name) != d.default
+        }
+        text = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def short(self) -> str:
-        """Human-readable one-liner, e.g. ``tp2 pp4 dp16 mbs1 gas8 z1 rc=full``."""
-        text = f"tp{self.tp} pp{self.pp} dp{self.dp} mbs{self.mbs} gas{self.gas}"
-        if self.zero_stage:
-            text += f" z{self.zero_stage}"
-        if self.recompute != "none":
-            text += f" rc={self.recompute}"
-        if self.vpp > 1:
-            text += f" vpp{self.vpp}"
-        if self.sequence_parallel:
-            text += " sp"
-        return text
+        """Human-readable one-liner, e.g. ``tp2 cp2 pp4 dp16 mbs1 gas8 z1 rc=full``."""
+        shown = (d.shows(getattr(self, d.name)) for d in LAYOUT_DIMENSIONS)
+        return " ".join(text for text in shown if text)
+
+
+def _declared_dimensions() -> tuple[Dimension, ...]:
+    declared = [
+        Dimension(
+            name=f.name,
+            default=None if f.default is dataclasses.MISSING else f.default,
+            **f.metadata["dimension"],
+        )
+        for f in dataclasses.fields(ParallelLayout)
+    ]
+    return tuple(sorted(declared, key=lambda d: d.order))
+
+
+# The layout's dimensions in display order (tables, short forms, filters).
+LAYOUT_DIMENSIONS: tuple[Dimension, ...] = _declared_dimensions()
+DIMENSIONS_BY_NAME: dict[str, Dimension] = {d.name: d for d in LAYOUT_DIMENSIONS}
 
 
 def _as_bool(value: Any) -> bool:
@@ -188,15 +308,16 @@ def layout_violations(
     (the estimate), because it is a prediction, not a rule.
     """
     problems: list[str] = []
-    for name in ("tp", "pp", "dp", "mbs", "gas", "vpp"):
-        if getattr(layout, name) < 1:
-            problems.append(f"{name} must be >= 1 (got {getattr(layout, name)})")
+    for dimension in LAYOUT_DIMENSIONS:
+        value = getattr(layout, dimension.name)
+        if dimension.kind == "int" and value < dimension.minimum:
+            problems.append(f"{dimension.name} must be >= {dimension.minimum} (got {value})")
     if problems:
         return problems
     if layout.world_size != world_size:
         problems.append(
-            f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.world_size} "
-            f"!= world size {world_size}"
+            f"tp*cp*pp*dp = {layout.tp}*{layout.cp}*{layout.pp}*{layout.dp} = "
+            f"{layout.world_size} != world size {world_size}"
         )
     if model.num_heads % layout.tp:
         problems.append(f"num_heads {model.num_heads} not divisible by tp {layout.tp}")
@@ -219,8 +340,7 @@ def layout_violations(
         )
     if layout.sequence_parallel and layout.tp == 1:
         problems.append("sequence_parallel needs tp > 1")
-    if layout.sequence_parallel and model.seq_length % layout.tp:
-        problems.append(f"seq_length {model.seq_length} not divisible by tp {layout.tp}")
+    problems.extend(_sequence_split_violations(layout, model))
     if layout.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage must be 0, 1, 2 or 3 (got {layout.zero_stage})")
     if layout.zero_stage and layout.dp == 1:
@@ -233,6 +353,24 @@ def layout_violations(
             f"!= global batch {global_batch}"
         )
     return problems
+
+
+def _sequence_split_violations(layout: ParallelLayout, model: ModelSpec) -> list[str]:
+    """How the sequence must divide: context parallelism cuts it into 2*cp chunks, each
+    rank holding chunks i and 2cp-1-i so the causal mask's work is even (Megatron-core and
+    torchtitan both require it); sequence parallelism further splits each rank's part over
+    tp (torchtitan's ``seq_len % (tp*2*cp)``)."""
+    chunks = 2 * layout.cp if layout.cp > 1 else 1
+    split = chunks * (layout.tp if layout.sequence_parallel else 1)
+    if model.seq_length % split == 0:
+        return []
+    parts = []
+    if layout.cp > 1:
+        parts.append(f"2*cp = 2*{layout.cp}")
+    if layout.sequence_parallel:
+        parts.append(f"tp {layout.tp}")
+    what = " times ".join(parts)
+    return [f"seq_length {model.seq_length} not divisible by {what} (= {split})"]
 
 
 def check_layout(

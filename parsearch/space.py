@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.config import (
-    RECOMPUTE_CHOICES,
+    DIMENSIONS_BY_NAME,
+    LAYOUT_DIMENSIONS,
     AllocationSpec,
     ModelSpec,
     ParallelLayout,
@@ -40,21 +41,10 @@ from parsearch.trainers import TRAINER_KINDS
 from parsearch.units import count_of, format_bytes, parse_bytes, parse_rate
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "tflops_per_device", "mfu")
-DIMENSIONS: tuple[str, ...] = (
-    "tp",
-    "pp",
-    "mbs",
-    "gas",
-    "zero_stage",
-    "recompute",
-    "vpp",
-    "sequence_parallel",
-)
+# What a space's ``search`` may name: every declared layout dimension but the derived dp.
+DIMENSIONS: tuple[str, ...] = tuple(d.name for d in LAYOUT_DIMENSIONS if d.searched)
 _DIMENSION_DEFAULTS: dict[str, Any] = {
-    "zero_stage": 0,
-    "recompute": "none",
-    "vpp": 1,
-    "sequence_parallel": False,
+    d.name: d.default for d in LAYOUT_DIMENSIONS if d.searched and d.default is not None
 }
 _TOP_KEYS = (
     "name",
@@ -164,27 +154,16 @@ class SearchSpace:
         global batch is fixed, are derived). ``None`` when the derivation does not divide."""
         values = {name: candidates[0] for name, candidates in self.dimensions.items()}
         values.update({name: point[name] for name in self.searched if name in point})
-        tp, pp = int(values["tp"]), int(values["pp"])
-        if self.world_size % (tp * pp):
+        model_ranks = int(values["tp"]) * int(values["cp"]) * int(values["pp"])
+        if self.world_size % model_ranks:
             return None
-        dp = self.world_size // (tp * pp)
-        mbs = int(values["mbs"])
+        values["dp"] = self.world_size // model_ranks
         if "gas" not in self.dimensions:
             assert self.global_batch is not None  # guaranteed by the loader
-            if self.global_batch % (mbs * dp):
+            if self.global_batch % (int(values["mbs"]) * values["dp"]):
                 return None
-            values["gas"] = self.global_batch // (mbs * dp)
-        return ParallelLayout(
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            mbs=mbs,
-            gas=int(values["gas"]),
-            zero_stage=int(values["zero_stage"]),
-            recompute=str(values["recompute"]),
-            vpp=int(values["vpp"]),
-            sequence_parallel=bool(values["sequence_parallel"]),
-        )
+            values["gas"] = self.global_batch // (int(values["mbs"]) * values["dp"])
+        return ParallelLayout.from_dict(values)
 
     def points(self) -> Iterator[dict[str, Any]]:
         """Every combination of the searched dimensions."""
@@ -235,10 +214,9 @@ class SearchSpace:
         return SpacePlan(self, total, reasons, oom, feasible, excluded)
 
     def _derivation_failure(self, point: Mapping[str, Any]) -> str:
-        tp = point.get("tp", self.dimensions["tp"][0])
-        pp = point.get("pp", self.dimensions["pp"][0])
-        if self.world_size % (tp * pp):
-            return f"tp*pp does not divide the world size {self.world_size}"
+        tp, cp, pp = (point.get(name, self.dimensions[name][0]) for name in ("tp", "cp", "pp"))
+        if self.world_size % (tp * cp * pp):
+            return f"tp*cp*pp does not divide the world size {self.world_size}"
         return f"mbs*dp does not divide the global batch {self.global_batch}"
 
 
@@ -299,7 +277,7 @@ class SpacePlan:
             raise SpaceError(
                 f"no layout of the {self.total} in the space divides: {common}. World size is "
                 f"{space.world_size} ({count_of(space.allocation.nodes, 'node')} x "
-                f"{count_of(space.allocation.devices_per_node, 'device')}); choose tp and pp "
+                f"{count_of(space.allocation.devices_per_node, 'device')}); choose tp, cp and pp "
                 f"whose product divides it, tp dividing num_heads {space.model.num_heads} and "
                 f"hidden_size {space.model.hidden_size}, pp dividing num_layers "
                 f"{space.model.num_layers}",
@@ -335,6 +313,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     if "global_batch" in top:
         global_batch = reader.positive_int(top["global_batch"], "global_batch")
     dimensions = reader.dimensions(top["search"], has_global_batch=global_batch is not None)
+    reader.context_splits(dimensions["cp"], model)
     objective = top.get("objective", "tokens_per_s")
     if objective not in OBJECTIVES:
         raise reader.error("objective", f"must be one of {list(OBJECTIVES)}, got {objective!r}")
@@ -497,7 +476,7 @@ class _Reader:
         if isinstance(value, dict) and "dp" in value:
             raise self.error(
                 "search.dp",
-                "dp is derived as world_size / (tp*pp) and cannot be searched; remove it",
+                "dp is derived as world_size / (tp*cp*pp) and cannot be searched; remove it",
             )
         data = self.mapping(value, "search", DIMENSIONS, required=("tp", "pp", "mbs"))
         if "gas" not in data and not has_global_batch:
@@ -520,21 +499,38 @@ class _Reader:
             )
         return dimensions
 
+    def context_splits(self, candidates: tuple[int, ...], model: ModelSpec) -> None:
+        """Every context-parallel degree must cut the sequence into 2*cp equal chunks (the
+        load-balanced causal split Megatron-core and torchtitan require): a degree that
+        cannot is a mistake in the space, not a layout to count as not dividing."""
+        bad = [cp for cp in candidates if cp > 1 and model.seq_length % (2 * cp)]
+        if not bad:
+            return
+        most = max(candidates)
+        valid = [cp for cp in range(1, most + 1) if cp == 1 or model.seq_length % (2 * cp) == 0]
+        raise self.error(
+            "search.cp",
+            f"cp {', '.join(map(str, bad))} cannot split seq_length {model.seq_length} into "
+            f"2*cp equal chunks (context parallelism's causal load balancing); valid values "
+            f"up to {most}: {', '.join(map(str, valid))}",
+        )
+
     def _candidates(self, value: Any, where: str, name: str) -> tuple[Any, ...]:
-        if name == "recompute":
+        dimension = DIMENSIONS_BY_NAME[name]
+        if dimension.kind == "choice":
             values = value if isinstance(value, list) else [value]
-            bad = [v for v in values if v not in RECOMPUTE_CHOICES]
+            bad = [v for v in values if v not in dimension.choices]
             if bad or not values:
                 raise self.error(
-                    where, f"values must be from {list(RECOMPUTE_CHOICES)}, got {value!r}"
+                    where, f"values must be from {list(dimension.choices)}, got {value!r}"
                 )
             return tuple(dict.fromkeys(values))
-        if name == "sequence_parallel":
+        if dimension.kind == "bool":
             values = value if isinstance(value, list) else [value]
             if not values or any(not isinstance(v, bool) for v in values):
                 raise self.error(where, f"values must be true/false, got {value!r}")
             return tuple(dict.fromkeys(values))
-        minimum = 0 if name == "zero_stage" else 1
+        minimum = dimension.minimum
         if isinstance(value, dict):
             values = self._range(value, where)
         elif isinstance(value, list):
@@ -550,8 +546,12 @@ class _Reader:
                 raise self.error(
                     where, f"values must be integers >= {minimum}, got {item!r} in {value!r}"
                 )
-        if name == "zero_stage" and any(item > 3 for item in values):
-            raise self.error(where, f"zero_stage values must be 0, 1, 2 or 3, got {value!r}")
+        if dimension.maximum is not None and any(item > dimension.maximum for item in values):
+            *allowed, last = range(minimum, dimension.maximum + 1)
+            raise self.error(
+                where,
+                f"{name} values must be {', '.join(map(str, allowed))} or {last}, got {value!r}",
+            )
         if not values:
             raise self.error(where, f"is empty: {value!r} gives no candidate")
         return tuple(sorted(set(values)))

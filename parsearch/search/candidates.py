@@ -49,24 +49,13 @@ def raw_layout(space: SearchSpace, point: Mapping[str, Any]) -> ParallelLayout:
         return layout
     values = {name: candidates[0] for name, candidates in space.dimensions.items()}
     values.update({name: point[name] for name in space.searched})
-    tp, pp, mbs = int(values["tp"]), int(values["pp"]), int(values["mbs"])
-    dp = space.world_size // (tp * pp)
-    if "gas" in space.dimensions:
-        gas = int(values["gas"])
-    else:
+    mbs = int(values["mbs"])
+    dp = space.world_size // (int(values["tp"]) * int(values["cp"]) * int(values["pp"]))
+    values["dp"] = dp
+    if "gas" not in space.dimensions:
         assert space.global_batch is not None  # guaranteed by the loader
-        gas = space.global_batch // (mbs * dp) if dp else 0
-    return ParallelLayout(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        mbs=mbs,
-        gas=gas,
-        zero_stage=int(values["zero_stage"]),
-        recompute=str(values["recompute"]),
-        vpp=int(values["vpp"]),
-        sequence_parallel=bool(values["sequence_parallel"]),
-    )
+        values["gas"] = space.global_batch // (mbs * dp) if dp else 0
+    return ParallelLayout.from_dict(values)
 
 
 def layout_problems(space: SearchSpace, layout: ParallelLayout) -> list[str]:
@@ -75,11 +64,11 @@ def layout_problems(space: SearchSpace, layout: ParallelLayout) -> list[str]:
     For a :func:`raw_layout` whose ``dp`` or ``gas`` could not be derived, that is the reason
     worth reporting, not the rounded-down value it left behind.
     """
-    if layout.tp < 1 or layout.pp < 1:
+    if layout.tp < 1 or layout.cp < 1 or layout.pp < 1:
         return space.violations(layout)
-    tp_pp = layout.tp * layout.pp
-    if space.world_size % tp_pp:
-        return [f"tp*pp = {tp_pp} does not divide the world size {space.world_size}"]
+    model_ranks = layout.tp * layout.cp * layout.pp
+    if space.world_size % model_ranks:
+        return [f"tp*cp*pp = {model_ranks} does not divide the world size {space.world_size}"]
     if "gas" not in space.dimensions and space.global_batch is not None:
         share = layout.mbs * layout.dp
         if space.global_batch % share:
