@@ -115,7 +115,9 @@ class Dimension:
     :func:`layout_violations`, and only the code that gives it meaning (estimate, trainer,
     exports) changes. ``kind``: ``int`` (a degree or count), ``choice`` (one of ``choices``)
     or ``bool``. ``token``: the short form's prefix (``tp`` for ``tp2``, ``rc=`` for
-    ``rc=full``, ``sp`` for a true flag). ``always_shown``: in the short form even at its
+    ``rc=full``, ``sp`` for a true flag). ``help``: what it is, for placeholder tables and API docs;
+    ``heading`` and ``placeholder``: its table column and command-template name where these
+    are not its name. ``always_shown``: in the short form even at its
     default. ``searched``: a space may search it (``dp`` is derived). ``keyed_at_default``:
     the field enters a layout's key at its default; ``False`` for a dimension added after
     stores existed, so a layout stored before it keeps its identity. ``order``: where it
@@ -134,11 +136,18 @@ class Dimension:
     always_shown: bool = False
     searched: bool = True
     keyed_at_default: bool = True
+    heading: str = ""
+    placeholder: str = ""
+
+    @property
+    def slot(self) -> str:
+        """Its name in a command template (``{tp}``): the name, or ``placeholder``."""
+        return self.placeholder or self.name
 
     @property
     def label(self) -> str:
-        """A table's column header: the token, or the name where the token is cryptic."""
-        return {"zero_stage": "zero", "recompute": "recomp"}.get(self.name, self.name)
+        """A table's column header: the name, or ``heading`` where the name is long."""
+        return self.heading or self.name
 
     def shows(self, value: Any) -> str:
         """``value`` in the short form, or "" where the short form leaves it out."""
@@ -180,10 +189,10 @@ class ParallelLayout:
     """
 
     tp: int = _dimension(
-        kind="int", token="tp", order=10, always_shown=True, help="tensor-parallel ranks"
+        kind="int", token="tp", order=10, always_shown=True, help="tensor-parallel size"
     )
     pp: int = _dimension(
-        kind="int", token="pp", order=30, always_shown=True, help="pipeline stages"
+        kind="int", token="pp", order=30, always_shown=True, help="pipeline-parallel size"
     )
     dp: int = _dimension(
         kind="int",
@@ -191,20 +200,31 @@ class ParallelLayout:
         order=40,
         always_shown=True,
         searched=False,
-        help="data-parallel replicas (world_size / (tp*cp*pp))",
+        help="data-parallel size (world_size / (tp*cp*pp))",
     )
     mbs: int = _dimension(
-        kind="int", token="mbs", order=50, always_shown=True, help="micro-batch size"
+        kind="int",
+        token="mbs",
+        order=50,
+        always_shown=True,
+        help="micro-batch size (sequences per rank per micro-step)",
     )
     gas: int = _dimension(
         kind="int",
         token="gas",
         order=60,
         always_shown=True,
-        help="micro-batches per step (gradient accumulation)",
+        help="micro-batches per step per data-parallel replica",
     )
     zero_stage: int = _dimension(
-        0, kind="int", token="z", order=70, minimum=0, maximum=3, help="ZeRO stage (0-3)"
+        0,
+        kind="int",
+        token="z",
+        order=70,
+        minimum=0,
+        maximum=3,
+        heading="zero",
+        help="ZeRO / optimizer-sharding stage (0-3)",
     )
     recompute: Recompute = _dimension(
         "none",
@@ -212,6 +232,7 @@ class ParallelLayout:
         token="rc=",
         order=80,
         choices=RECOMPUTE_CHOICES,
+        heading="recomp",
         help="activation recompute: none, selective or full",
     )
     vpp: int = _dimension(
@@ -222,7 +243,13 @@ class ParallelLayout:
         help="virtual pipeline stages per pipeline rank (1: no interleaving)",
     )
     sequence_parallel: bool = _dimension(
-        False, kind="bool", token="sp", order=100, help="sequence parallel (with tp > 1)"
+        False,
+        kind="bool",
+        token="sp",
+        order=100,
+        heading="sp",
+        placeholder="seq_parallel",
+        help="sequence parallelism: true or false",
     )
     cp: int = _dimension(
         1,
@@ -230,7 +257,7 @@ class ParallelLayout:
         token="cp",
         order=20,
         keyed_at_default=False,
-        help="context-parallel ranks: each sequence split over them (ring attention)",
+        help="context-parallel size: each sequence split over cp ranks (ring attention)",
     )
 
     @property
@@ -343,8 +370,9 @@ def layout_violations(
     problems.extend(_sequence_split_violations(layout, model))
     if layout.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage must be 0, 1, 2 or 3 (got {layout.zero_stage})")
-    if layout.zero_stage and layout.dp == 1:
-        problems.append("zero_stage > 0 shards over data parallel ranks and needs dp > 1")
+    if layout.zero_stage and layout.dp * layout.cp == 1:
+        # Megatron's distributed optimizer and torchtitan's FSDP shard over dp*cp.
+        problems.append("zero_stage > 0 shards over data parallel ranks and needs dp*cp > 1")
     if layout.recompute not in RECOMPUTE_CHOICES:
         problems.append(f"recompute must be one of {list(RECOMPUTE_CHOICES)}")
     if global_batch is not None and layout.global_batch != global_batch:

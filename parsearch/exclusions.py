@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+from parsearch.config import DIMENSIONS_BY_NAME, ParallelLayout
 from parsearch.errors import SpaceError
 
-FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+FIELDS: tuple[str, ...] = tuple(DIMENSIONS_BY_NAME)
 _RULE_KEYS = ("when", "unless", "reason")
 
 
@@ -135,14 +135,15 @@ def _condition(
 
 
 def _check_type(name: str, value: Any, field: str, source: str) -> None:
-    if name == "recompute":
-        if value not in RECOMPUTE_CHOICES:
+    dimension = DIMENSIONS_BY_NAME[name]
+    if dimension.kind == "choice":
+        if value not in dimension.choices:
             raise SpaceError(
-                f"must be one of {list(RECOMPUTE_CHOICES)}, got {value!r}",
+                f"must be one of {list(dimension.choices)}, got {value!r}",
                 source=source,
                 field=field,
             )
-    elif name == "sequence_parallel":
+    elif dimension.kind == "bool":
         if not isinstance(value, bool):
             raise SpaceError(f"must be true or false, got {value!r}", source=source, field=field)
     elif isinstance(value, bool) or not isinstance(value, int):

@@ -45,7 +45,8 @@ def format_layout(record: TrialRecord, campaign: Campaign, fmt: str) -> str:
 def trial_document(record: TrialRecord, campaign: Campaign) -> dict[str, Any]:
     """A trial as plain data: what the json and yaml formats print. ``fidelity`` is
     ``full`` (figures measured at full scale) or ``proxy`` (``objective`` and ``metrics``
-    predicted from a run at ``proxy_dp`` replicas, measured in ``metrics.fidelity``)."""
+    predicted from a run at ``proxy_dp`` replicas, measured in ``metrics.fidelity``).
+    ``layout`` has every dimension, those a trial predates at their defaults."""
     return {
         "campaign": campaign.name,
         "trial": record.number,
@@ -53,7 +54,8 @@ def trial_document(record: TrialRecord, campaign: Campaign) -> dict[str, Any]:
         "fidelity": record.fidelity,
         "proxy_dp": record.proxy_dp,
         "objective": {"metric": campaign.objective_metric, "value": record.objective},
-        "layout": record.config,
+        "layout": record.layout.to_dict(),
+        "layout_short": record.layout.short(),
         "metrics": record.metrics,
         "predicted": record.predicted,
         "hosts": record.hosts,

@@ -32,7 +32,7 @@ def test_valid_layout_has_no_violations():
         (ParallelLayout(1, 1, 1, 1, 1, vpp=2), 1, None, "vpp > 1 needs pp > 1"),
         (ParallelLayout(1, 2, 1, 1, 3, vpp=2), 2, None, "multiple of pp"),
         (ParallelLayout(1, 1, 2, 1, 1, sequence_parallel=True), 2, None, "needs tp > 1"),
-        (ParallelLayout(1, 1, 1, 1, 1, zero_stage=1), 1, None, "needs dp > 1"),
+        (ParallelLayout(1, 1, 1, 1, 1, zero_stage=1), 1, None, "needs dp*cp > 1"),
         (ParallelLayout(1, 1, 1, 1, 1, zero_stage=4), 1, None, "0, 1, 2 or 3"),
         (ParallelLayout(1, 1, 2, 2, 2), 2, 16, "!= global batch 16"),
         (ParallelLayout(1, 1, 1, 0, 1), 1, None, "mbs must be >= 1"),

@@ -109,7 +109,7 @@ def test_weak_and_strong_studies_on_simulate(tmp_path, capsys):
     [
         ("0,16", "must be >= 1"),
         ("16,256", "larger than campaign 'gpt-175b-frontier''s allocation (128 nodes)"),
-        ("3", "do not divide into the best layout's tp*pp = 64 ranks"),
+        ("3", "do not divide into the best layout's tp*cp*pp = 64 ranks"),
         ("16,x", "comma-separated"),
     ],
 )

@@ -38,7 +38,7 @@ from parsearch.scaling import (
     study_point,
     with_efficiency,
 )
-from parsearch.space import DEFAULT_TRIAL_TIMEOUT_S, SearchSpace, space_from_dict
+from parsearch.space import DEFAULT_TRIAL_TIMEOUT_S, DIMENSIONS, SearchSpace, space_from_dict
 from parsearch.store import Campaign, CampaignStatus, open_store
 
 
@@ -82,7 +82,7 @@ def plan_study(
         raise LayoutError(f"scaling mode must be one of {list(MODES)}, got {mode!r}")
     allocation = parent.space["allocation"]
     most, per_node = int(allocation["nodes"]), int(allocation["devices_per_node"])
-    model_parallel = best.tp * best.pp
+    model_parallel = best.tp * best.cp * best.pp
     sizes = []
     for n in nodes:
         if n < 1:
@@ -96,7 +96,7 @@ def plan_study(
         if devices % model_parallel:
             raise LayoutError(
                 f"--nodes: {n} nodes ({devices} devices) do not divide into the best layout's "
-                f"tp*pp = {model_parallel} ranks per replica"
+                f"tp*cp*pp = {model_parallel} ranks per replica"
             )
         dp = devices // model_parallel
         gas = best.gas
@@ -133,15 +133,7 @@ def _child_space(
     raw["allocation"]["nodes"] = nodes
     raw.pop("exclude", None)
     raw["global_batch"] = layout.global_batch
-    raw["search"] = {
-        "tp": [layout.tp],
-        "pp": [layout.pp],
-        "mbs": [layout.mbs],
-        "zero_stage": [layout.zero_stage],
-        "recompute": [layout.recompute],
-        "vpp": [layout.vpp],
-        "sequence_parallel": [layout.sequence_parallel],
-    }
+    raw["search"] = {name: [getattr(layout, name)] for name in DIMENSIONS}
     return space_from_dict(raw, source=f"scaling study of campaign '{parent.name}'")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import rows
+from parsearch.config import LAYOUT_DIMENSIONS
 from parsearch.estimate.band import predict_band
 from parsearch.space import SpacePlan, apply_profile, load_space
 from parsearch.units import count_of, format_bytes
@@ -199,20 +200,23 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
         print("no feasible layout (all predicted out of memory)")
         return
     print(f"top {len(rows)} feasible layouts by predicted {space.objective}:")
+    columns = [(d.label, d) for d in LAYOUT_DIMENSIONS]
+    widths = {
+        label: max(len(label), *(len(d.cell(row[d.name])) for row in rows)) for label, d in columns
+    }
     header = (
-        f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>5} {'mbs':>3} {'gas':>4} {'zero':>4} "
-        f"{'recomp':>9} {'vpp':>3} {'sp':>3} {'step s':>9} {'tokens/s':>11} "
-        f"{'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10} {'trial s':>8}"
+        f"{'#':>3} {' '.join(f'{label:>{widths[label]}}' for label, _ in columns)} "
+        f"{'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'mem/rank':>10} "
+        f"{'trial s':>8}"
     )
     banded = "mfu_low" in rows[0]
     if banded:
         header += f" {'tokens/s band':>19} {'MFU band':>11}"
     print(header)
     for row in rows:
+        cells = " ".join(f"{d.cell(row[d.name]):>{widths[label]}}" for label, d in columns)
         line = (
-            f"{row['rank']:>3} {row['tp']:>3} {row['pp']:>3} {row['dp']:>5} {row['mbs']:>3} "
-            f"{row['gas']:>4} {row['zero_stage']:>4} {row['recompute']:>9} {row['vpp']:>3} "
-            f"{'y' if row['sequence_parallel'] else 'n':>3} {row['step_time_s']:>9.3g} "
+            f"{row['rank']:>3} {cells} {row['step_time_s']:>9.3g} "
             f"{row['tokens_per_s']:>11.4g} {row['tflops_per_device']:>8.3g} "
             f"{row['mfu']:>6.1%} {format_bytes(row['peak_mem_bytes']):>10} {row['trial_s']:>8.0f}"
         )

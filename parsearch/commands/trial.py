@@ -21,7 +21,7 @@ from typing import Any
 from parsearch.commands import COMMANDS
 from parsearch.commands._arguments import rows
 from parsearch.commands.plan import print_trainer_advice
-from parsearch.config import ParallelLayout
+from parsearch.config import DIMENSIONS_BY_NAME, LAYOUT_DIMENSIONS, ParallelLayout
 from parsearch.errors import LayoutError
 from parsearch.failures import failure_reason
 from parsearch.launch.guard import guarded
@@ -36,9 +36,32 @@ from parsearch.tempdirs import owned_tempdir
 from parsearch.trial import TrialSpec
 from parsearch.trial_kinds import merge_results, node_run
 
-# At most 9 digits: a size no layout reaches, and int() of thousands of digits is refused.
-_TOKEN = re.compile(r"^(tp|pp|dp|mbs|gas|z|zero|vpp)(\d{1,9})$|^rc=(\w+)$|^(sp)$")
-_FIELDS = {"z": "zero_stage", "zero": "zero_stage"}
+# Tokens as ParallelLayout.short() writes them, from the declared dimensions (and "zero" for
+# z, as people write it). At most 9 digits: a size no layout reaches, and int() of thousands
+# of digits is refused.
+_ALIASES = {"zero": "zero_stage"}
+_BY_TOKEN = {d.token: d for d in LAYOUT_DIMENSIONS} | {
+    alias: DIMENSIONS_BY_NAME[name] for alias, name in _ALIASES.items()
+}
+_EXAMPLES = " ".join(
+    d.token + {"int": "N", "bool": "", "choice": "|".join(d.choices)}[d.kind]
+    for d in LAYOUT_DIMENSIONS
+)
+
+
+def _read_token(token: str) -> tuple[str, Any] | None:
+    """The dimension a short-form token names and its value, or ``None``."""
+    for prefix, dimension in sorted(_BY_TOKEN.items(), key=lambda item: -len(item[0])):
+        if not token.startswith(prefix):
+            continue
+        rest = token[len(prefix) :]
+        if dimension.kind == "bool" and not rest:
+            return dimension.name, True
+        if dimension.kind == "choice" and re.fullmatch(r"\w+", rest):
+            return dimension.name, rest
+        if dimension.kind == "int" and re.fullmatch(r"\d{1,9}", rest):
+            return dimension.name, int(rest)
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--layout",
         required=True,
         help='the layout as top prints it, e.g. "tp2 pp1 mbs4 gas2" (also z1, rc=full, vpp2, '
-        "sp); dp is derived, and dimensions the space fixes may be left out",
+        "sp, cp2); dp is derived, and dimensions the space fixes may be left out",
     )
     parser.add_argument("--workdir", help="keep the trial's directory (logs, files) here")
     parser.add_argument("--lines", type=rows, default=30, help="log tail lines (default 30)")
@@ -70,21 +93,15 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
     """The layout ``text`` names in ``space``; :class:`LayoutError` says what is wrong."""
     given: dict[str, Any] = {}
     for token in text.replace(",", " ").split():
-        match = _TOKEN.match(token)
-        if match is None:
+        read = _read_token(token)
+        if read is None:
             raise LayoutError(
-                f'--layout: cannot read {_cut(token)}; write e.g. "tp2 pp1 mbs4 gas2" '
-                "(tpN ppN dpN mbsN gasN zN vppN rc=none|selective|full sp)"
+                f'--layout: cannot read {_cut(token)}; write e.g. "tp2 pp1 mbs4 gas2" ({_EXAMPLES})'
             )
-        name, number, recompute, sp = match.groups()
-        if recompute is not None:
-            given["recompute"] = recompute
-        elif sp is not None:
-            given["sequence_parallel"] = True
-        else:
-            given[_FIELDS.get(name, name)] = int(number)
+        name, value = read
+        given[name] = value
     for name, candidates in space.searched.items():
-        if name not in given and not (name == "sequence_parallel"):
+        if name not in given and DIMENSIONS_BY_NAME[name].kind != "bool":
             raise LayoutError(
                 f"--layout: {space.source} searches {name} over "
                 f"{', '.join(map(str, candidates))}; give one"
@@ -102,7 +119,7 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
             raise LayoutError(
                 f"--layout: {name}{value} is not this space's: {space.source} has "
                 f"{name} = {getattr(layout, name)}"
-                + (" (dp = world size / (tp*pp))" if name == "dp" else "")
+                + (" (dp = world size / (tp*cp*pp))" if name == "dp" else "")
             )
     problems = layout_problems(space, layout)
     if problems:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from parsearch.config import ParallelLayout
+from parsearch.config import LAYOUT_DIMENSIONS, ParallelLayout
 from parsearch.failures import FAILURE_STATES, FailureGroup, group_failures
 from parsearch.result import FINISHED_STATES, TrialState
 from parsearch.scaling import ScalingStudy, chosen_campaign, read_studies
@@ -103,10 +103,7 @@ def load_report_data(store_path: str | Path, name: str | None = None) -> ReportD
 
 
 def layout_of(row: pd.Series) -> ParallelLayout:
-    fields = ("tp", "pp", "dp", "mbs", "gas", "zero_stage", "recompute", "vpp")
-    values = {name: row[name] for name in fields}
-    values["sequence_parallel"] = row["sequence_parallel"]
-    return ParallelLayout.from_dict(values)
+    return ParallelLayout.from_dict({d.name: row[d.name] for d in LAYOUT_DIMENSIONS})
 
 
 def convergence(data: ReportData) -> pd.DataFrame:

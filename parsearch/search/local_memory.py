@@ -16,7 +16,7 @@ relatives were measured and fitted. Three kinds of local evidence correct that:
   does not; this overrides any fit;
 * **nearest measured**: the global fit's error at each measured layout (measured over
   calibrated peak), carried to the layouts around it by a kernel over the layout's
-  dimensions (:func:`~parsearch.search.residual.kernel`: log2 steps of tp, pp, dp,
+  dimensions (:func:`~parsearch.search.residual.kernel`: log2 steps of tp, cp, pp, dp,
   mbs, micro-batches in flight and vpp; ZeRO stage, recompute and sequence parallelism
   as categories), shrunk towards no correction where
   no measurement is near. The calibration is then per region, not affine;
@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
-from parsearch.search.residual import kernel
+from parsearch.config import LAYOUT_DIMENSIONS, ParallelLayout
+from parsearch.search.residual import features, kernel
 
 MAX_MARGIN = 0.08
 # The relative error of the estimate's memory before any peak is measured (one sigma, in
@@ -199,40 +199,14 @@ def _normal_cdf(z: np.ndarray) -> np.ndarray:
 
 
 def _fields(layout: ParallelLayout) -> tuple:
-    return (
-        layout.tp,
-        layout.pp,
-        layout.dp,
-        layout.mbs,
-        layout.gas,
-        layout.zero_stage,
-        layout.recompute,
-        layout.vpp,
-        layout.sequence_parallel,
-    )
+    return tuple(getattr(layout, d.name) for d in LAYOUT_DIMENSIONS)
 
 
 def _family(layout: ParallelLayout) -> tuple:
     """What a layout's memory depends on besides gradient accumulation."""
-    return (
-        layout.tp,
-        layout.pp,
-        layout.dp,
-        layout.mbs,
-        layout.zero_stage,
-        layout.recompute,
-        layout.vpp,
-        layout.sequence_parallel,
-    )
+    return tuple(getattr(layout, d.name) for d in LAYOUT_DIMENSIONS if d.name != "gas")
 
 
 def _features(layout: ParallelLayout) -> list[float]:
-    """log2 of the numeric dimensions (micro-batches in flight for gas), then categories."""
-    in_flight = min(layout.gas, layout.pp)
-    numeric = [layout.tp, layout.pp, layout.dp, layout.mbs, in_flight, layout.vpp]
-    return [
-        *np.log2(numeric).tolist(),
-        float(layout.zero_stage),
-        float(RECOMPUTE_CHOICES.index(layout.recompute)),
-        float(layout.sequence_parallel),
-    ]
+    """The residual field's coordinates, with micro-batches in flight in place of gas."""
+    return features(layout, gas=min(layout.gas, layout.pp))

@@ -5,11 +5,12 @@ the estimate's *form* can express. A machine whose throughput departs from that 
 (a GEMM shape that runs slow, a topology the estimate does not model) leaves a residual,
 ``log(measured / calibrated)``, that varies from layout to layout. :class:`ResidualField`
 learns it with scikit-learn's Gaussian process (the one DeepHyper's own GP surrogate is
-built on) over the layout's dimensions (log2 steps of tp, pp, dp, mbs, gas and vpp; ZeRO
-stage, recompute and sequence parallelism as categories), zero mean: the calibrated
-estimate is the prior mean of the search, not a cage. Its posterior mean re-ranks the
-untried layouts near measured ones; its posterior spread says where nothing is known,
-which :class:`Plateau` turns into exploration once the search stops improving.
+built on) over the layout's declared dimensions (log2 steps of the degrees and counts:
+tp, cp, pp, dp, mbs, gas, vpp; ZeRO stage, recompute and sequence parallelism as
+categories), zero mean: the calibrated estimate is the prior mean of the search, not a
+cage. Its posterior mean re-ranks the untried layouts near measured ones; its posterior
+spread says where nothing is known, which :class:`Plateau` turns into exploration once
+the search stops improving.
 
 :class:`~parsearch.search.surrogate.EstimateSurrogate` makes the same model DeepHyper's
 surrogate: CBO is told the log objective of every trial, and its surrogate predicts the
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from parsearch.config import RECOMPUTE_CHOICES, ParallelLayout
+from parsearch.config import LAYOUT_DIMENSIONS, Dimension, ParallelLayout
 
 if TYPE_CHECKING:
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -230,18 +231,23 @@ class Plateau:
         return self.since >= self.patience
 
 
-NUMERIC = 6
+# The fields' coordinates, from the declared layout dimensions: degrees and counts (integers
+# from 1) on a log2 scale, the rest (ZeRO stage, recompute, flags) as categories.
+NUMERIC_DIMENSIONS = tuple(d for d in LAYOUT_DIMENSIONS if d.kind == "int" and d.minimum >= 1)
+CATEGORY_DIMENSIONS = tuple(d for d in LAYOUT_DIMENSIONS if d not in NUMERIC_DIMENSIONS)
+NUMERIC = len(NUMERIC_DIMENSIONS)
 
 
-def features(layout: ParallelLayout) -> list[float]:
-    """log2 of the numeric dimensions, then the categorical ones."""
-    numeric = [layout.tp, layout.pp, layout.dp, layout.mbs, layout.gas, layout.vpp]
-    return [
-        *np.log2(numeric).tolist(),
-        float(layout.zero_stage),
-        float(RECOMPUTE_CHOICES.index(layout.recompute)),
-        float(layout.sequence_parallel),
-    ]
+def features(layout: ParallelLayout, **instead: float) -> list[float]:
+    """log2 of the numeric dimensions (a value in ``instead`` replaces the layout's), then
+    the categorical ones."""
+    numeric = [instead.get(d.name, getattr(layout, d.name)) for d in NUMERIC_DIMENSIONS]
+    categories = [_category(d, getattr(layout, d.name)) for d in CATEGORY_DIMENSIONS]
+    return [*np.log2(numeric).tolist(), *categories]
+
+
+def _category(dimension: Dimension, value: object) -> float:
+    return float(dimension.choices.index(value) if dimension.kind == "choice" else value)
 
 
 def kernel(

@@ -571,11 +571,11 @@ class GuidedStrategy(Strategy):
         ranked = self._unseen_ranked()
         initial = max(0, min(n, self.n_seeds - len(self.seen)))
         tried = {
-            (c.layout.tp, c.layout.pp)
+            model_split(c.layout)
             for c, key in zip(self.estimate.items, self._keys, strict=True)
             if key in self.seen
         }
-        fresh = [c for c in ranked if (c.layout.tp, c.layout.pp) not in tried]
+        fresh = [c for c in ranked if model_split(c.layout) not in tried]
         if initial and self.estimate.local.measured_oom:
             fresh = self._by_expected_objective(fresh)
         taken: set[str] = set()
@@ -755,18 +755,23 @@ class RandomStrategy(_RawStrategy):
         return self._random_unseen(n, set())
 
 
+def model_split(layout: ParallelLayout) -> tuple[int, int, int]:
+    """How a layout splits the model itself (tp, cp, pp): what a first wave spreads over."""
+    return layout.tp, layout.cp, layout.pp
+
+
 def diverse_top(ranked: Sequence[Candidate], n: int) -> list[Candidate]:
-    """The best predicted layout of each (tp, pp) pair, best pairs first, up to ``n``.
+    """The best predicted layout of each (tp, cp, pp) split, best splits first, up to ``n``.
 
     The estimate is surest about memory and least sure about communication, which is what
-    tp and pp trade; seeding one layout per pair lets the first measurements correct the
+    tp, cp and pp trade; seeding one layout per split lets the first measurements correct the
     estimate where it is weakest instead of confirming n variations of one guess. If the
     space has fewer pairs than ``n``, the next best layouts fill in.
     """
     chosen: list[Candidate] = []
-    pairs: set[tuple[int, int]] = set()
+    pairs: set[tuple[int, int, int]] = set()
     for candidate in ranked:
-        pair = (candidate.layout.tp, candidate.layout.pp)
+        pair = model_split(candidate.layout)
         if pair not in pairs:
             pairs.add(pair)
             chosen.append(candidate)

@@ -153,25 +153,15 @@ def create_app(store_path: str | os.PathLike[str], token: str | None = None) -> 
         """The k best ok trials, measured beside predicted: `parsearch top -k K --format json`."""
         return read(name, views.top, k, max_mem)
 
-    @app.get("/api/campaigns/{name}/trials", tags=["trials"])
-    def trials(
-        request: Request,
-        name: str,
-        state: str | None = Query(None, description="comma list: ok,oom,timeout,error,..."),
-        tp: str | None = Query(None, description="comma list of integers"),
-        pp: str | None = Query(None, description="comma list of integers"),
-        dp: str | None = Query(None),
-        mbs: str | None = Query(None),
-        gas: str | None = Query(None),
-        zero_stage: str | None = Query(None),
-        vpp: str | None = Query(None),
-        recompute: str | None = Query(None, description="none, selective, full"),
-        sequence_parallel: str | None = Query(None, description="true or false"),
-        limit: str | None = Query(None, description="at most this many trials"),
-        offset: str | None = Query(None, description="skip this many first"),
-    ) -> list[dict[str, Any]]:
+    @app.get(
+        "/api/campaigns/{name}/trials",
+        tags=["trials"],
+        openapi_extra={"parameters": views.trial_filter_parameters()},
+    )
+    def trials(request: Request, name: str) -> list[dict[str, Any]]:
         """The campaign's trials in order of number, with failure reasons, filtered by state
-        and layout values. Unknown or malformed parameters are a 400."""
+        and layout values (each a comma list), `limit` and `offset`. Unknown or malformed
+        parameters are a 400."""
         wanted = views.trial_filter(dict(request.query_params))
         return read(name, views.trials, wanted)
 

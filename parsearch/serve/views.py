@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parsearch.best_known import Comparable, across_document, best_known, model_shape
-from parsearch.config import RECOMPUTE_CHOICES
+from parsearch.config import DIMENSIONS_BY_NAME, LAYOUT_DIMENSIONS
 from parsearch.errors import ParsearchError
 from parsearch.estimate.flops import param_count
 from parsearch.formats import format_layout, trial_document
@@ -40,15 +40,16 @@ from parsearch.units import parse_bytes
 
 # The most a count (top's k, a page's limit or offset) may be: as many trials as a budget.
 MAX_COUNT = MAX_BUDGET
-# Layout fields a trials query may filter on, and the values each may take: an integer's
-# range (a space file's integers end at MAX_INT, and a ZeRO stage is 0 to 3), or the choices
-# of an enumerated field. A value outside them could never match: it is a 400, not a [].
+# Layout fields a trials query may filter on, and the values each may take, from the declared
+# dimensions: an integer's range (a space file's integers end at MAX_INT), or the choices of
+# an enumerated field. A value outside them could never match: it is a 400, not a [].
 INT_FILTERS = {
-    "tp": (1, MAX_INT), "pp": (1, MAX_INT), "dp": (1, MAX_INT), "mbs": (1, MAX_INT),
-    "gas": (1, MAX_INT), "zero_stage": (0, 3), "vpp": (1, MAX_INT),
-}  # fmt: skip
-CHOICE_FILTERS = {"recompute": RECOMPUTE_CHOICES}
-BOOL_FILTERS = ("sequence_parallel",)
+    d.name: (d.minimum, MAX_INT if d.maximum is None else d.maximum)
+    for d in LAYOUT_DIMENSIONS
+    if d.kind == "int"
+}
+CHOICE_FILTERS = {d.name: d.choices for d in LAYOUT_DIMENSIONS if d.kind == "choice"}
+BOOL_FILTERS = tuple(d.name for d in LAYOUT_DIMENSIONS if d.kind == "bool")
 TRIAL_FILTERS = ("state", *INT_FILTERS, *CHOICE_FILTERS, *BOOL_FILTERS)
 PAGE_PARAMS = {"limit": (1, MAX_COUNT), "offset": (0, MAX_COUNT)}
 # Why a stored space no longer loads is cut to this in the campaigns' list.
@@ -307,7 +308,31 @@ class TrialFilter:
     offset: int = 0
 
     def matches(self, record: TrialRecord) -> bool:
-        return all(record.config.get(name) in values for name, values in self.layout.items())
+        # A trial stored before a dimension existed has that dimension at its default.
+        return all(
+            record.config.get(name, DIMENSIONS_BY_NAME[name].default) in values
+            for name, values in self.layout.items()
+        )
+
+
+def trial_filter_parameters() -> list[dict[str, Any]]:
+    """The ``/trials`` query parameters as OpenAPI describes them, one per declared layout
+    dimension (read from :data:`LAYOUT_DIMENSIONS`, so a new dimension is filterable at
+    once), then ``state``, ``limit`` and ``offset``."""
+
+    def parameter(name: str, description: str) -> dict[str, Any]:
+        schema = {"type": "string"}
+        return {"name": name, "in": "query", "required": False, "schema": schema,
+                "description": description}  # fmt: skip
+
+    states = ",".join(s.value for s in TrialState)
+    wanted = [parameter("state", f"comma list of {states}")]
+    for d in LAYOUT_DIMENSIONS:
+        values = {"int": "integers", "bool": "true or false"}.get(d.kind, ", ".join(d.choices))
+        wanted.append(parameter(d.name, f"{d.help}: comma list of {values}"))
+    wanted.append(parameter("limit", "at most this many trials"))
+    wanted.append(parameter("offset", "skip this many first"))
+    return wanted
 
 
 def trial_filter(params: Mapping[str, str]) -> TrialFilter:

@@ -6,7 +6,6 @@ opening a store (and ``import parsearch``) stays light.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from collections.abc import Sequence
@@ -15,13 +14,13 @@ from typing import Any
 
 import pandas as pd
 
-from parsearch.config import ParallelLayout
+from parsearch.config import LAYOUT_DIMENSIONS
 from parsearch.errors import StoreError
 from parsearch.store.records import decode_json_column
 
 EXPORT_SUFFIXES = (".csv", ".parquet")
 TIME_COLUMNS = ("created_at", "started_at", "finished_at")
-LAYOUT_FIELDS = tuple(field.name for field in dataclasses.fields(ParallelLayout))
+LAYOUT_FIELDS = tuple(d.name for d in LAYOUT_DIMENSIONS)
 BASE_COLUMNS = (
     "trial_id",
     "number",
@@ -109,8 +108,11 @@ def trials_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
         "attempt": attempts,
     }
     decoded_configs = decode_json_column(configs)
-    for name in LAYOUT_FIELDS:
-        columns[name] = [config.get(name) for config in decoded_configs]
+    # A dimension added after a trial was stored reads as its default, as the layout does.
+    for dimension in LAYOUT_DIMENSIONS:
+        columns[dimension.name] = [
+            config.get(dimension.name, dimension.default) for config in decoded_configs
+        ]
     columns["objective"] = pd.Series(objectives, dtype="float64")
     columns["fidelity"] = ["full" if dp is None else "proxy" for dp in proxy_dps]
     columns["proxy_dp"] = pd.Series(proxy_dps, dtype="Int64")

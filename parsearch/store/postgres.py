@@ -267,8 +267,8 @@ class PostgreSQLStore(SQLiteStore):
     docstring for how each guarantee holds on a server)."""
 
     _DEVICES_SQL = (
-        "(config::json ->> 'tp')::bigint * (config::json ->> 'pp')::bigint * "
-        "COALESCE(proxy_dp, (config::json ->> 'dp')::bigint)"
+        "(config::json ->> 'tp')::bigint * COALESCE((config::json ->> 'cp')::bigint, 1) * "
+        "(config::json ->> 'pp')::bigint * COALESCE(proxy_dp, (config::json ->> 'dp')::bigint)"
     )
     _JSON_IDS_SQL = "SELECT value::bigint FROM json_array_elements_text(?::json)"
 

@@ -139,8 +139,8 @@ class SQLiteStore:
     # another database overrides them, and :meth:`_open_database`): the devices a trial's
     # layout ran on, from its JSON ``config``; and the ids of a JSON array parameter.
     _DEVICES_SQL = (
-        "json_extract(config, '$.tp') * json_extract(config, '$.pp') * "
-        "COALESCE(proxy_dp, json_extract(config, '$.dp'))"
+        "json_extract(config, '$.tp') * COALESCE(json_extract(config, '$.cp'), 1) * "
+        "json_extract(config, '$.pp') * COALESCE(proxy_dp, json_extract(config, '$.dp'))"
     )
     _JSON_IDS_SQL = "SELECT value FROM json_each(?)"
 

@@ -545,17 +545,6 @@ function drawBest(data) {
   text.textContent = chosen.text ?? `not expressible: ${chosen.error}`;
 }
 
-// A layout in a few words, as the store's own ParallelLayout.short() writes it (the trials
-// table's layout_short): "tp2 pp4 dp16 mbs1 gas8 z1 rc=full".
-function layoutShort(l) {
-  let text = `tp${l.tp} pp${l.pp} dp${l.dp} mbs${l.mbs} gas${l.gas}`;
-  if (l.zero_stage) text += ` z${l.zero_stage}`;
-  if (l.recompute && l.recompute !== "none") text += ` rc=${l.recompute}`;
-  if (l.vpp > 1) text += ` vpp${l.vpp}`;
-  if (l.sequence_parallel) text += " sp";
-  return text;
-}
-
 // The best layout any campaign of the store found for this campaign's model on its
 // allocation (/best-known: `parsearch best --like` with this campaign's space), with where it
 // came from and whether it was measured or only predicted. `found` null: the server's reason
@@ -579,7 +568,7 @@ function drawBestKnown(found, why = null, failed = false) {
   const b = found.best;
   const tokens = b.metrics.tokens_per_s ?? (b.objective.metric === "tokens_per_s" ? b.objective.value : null);
   value.textContent = `${si(tokens)} tokens/s`;
-  layout.textContent = `${layoutShort(b.layout)}  (trial #${b.trial})`;
+  layout.textContent = `${b.layout_short}  (trial #${b.trial})`;
   const here = b.campaign === view.campaign;
   const link = document.createElement("a");
   link.href = pageHref(b.campaign);

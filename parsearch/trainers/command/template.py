@@ -38,28 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parsearch.config import RECOMPUTE_CHOICES
+from parsearch.config import LAYOUT_DIMENSIONS, RECOMPUTE_CHOICES
 from parsearch.trainers.command import shell as shell_script
 from parsearch.trial import TrialSpec
 from parsearch.units import exact_size
 
 PLACEHOLDERS: dict[str, str] = {
-    "tp": "tensor-parallel size",
-    "pp": "pipeline-parallel size",
-    "dp": "data-parallel size",
-    "mbs": "micro-batch size (sequences per rank per micro-step)",
-    "gas": "micro-batches per step per data-parallel replica",
+    **{d.slot: d.help for d in LAYOUT_DIMENSIONS},
     "global_batch": "sequences per optimizer step (mbs*gas*dp)",
     "batch_per_replica": "sequences per step per data-parallel replica (mbs*gas)",
     "gas_times_dp": "micro-batches per optimizer step over every replica (gas*dp), as "
     "nanoGPT's gradient_accumulation_steps under DDP expects",
     "tokens_per_step": "tokens per optimizer step (global_batch*seq_length)",
-    "zero_stage": "ZeRO / optimizer-sharding stage (0-3)",
-    "recompute": "activation recompute: none, selective or full",
-    "vpp": "virtual pipeline stages per pipeline rank (1: no interleaving)",
     "layers_per_virtual_stage": "num_layers / (pp*vpp)",
-    "seq_parallel": "sequence parallelism: true or false",
-    "world_size": "ranks in the trial (tp*pp*dp)",
+    "world_size": "ranks in the trial (tp*cp*pp*dp)",
     "nnodes": "nodes the trial spans",
     "node_rank": "this node's index in the trial (0-based)",
     "nproc_per_node": "ranks on each node",
@@ -90,17 +82,11 @@ PLACEHOLDERS: dict[str, str] = {
 # Placeholders whose value is always a number (trial_values), so safe in shell arithmetic.
 NUMERIC = frozenset(
     (
-        "tp",
-        "pp",
-        "dp",
-        "mbs",
-        "gas",
+        *(d.slot for d in LAYOUT_DIMENSIONS if d.kind == "int"),
         "global_batch",
         "batch_per_replica",
         "gas_times_dp",
         "tokens_per_step",
-        "zero_stage",
-        "vpp",
         "layers_per_virtual_stage",
         "world_size",
         "nnodes",
@@ -163,20 +149,12 @@ def trial_values(
     layout, model = spec.layout, spec.model
     cap = spec.memory_cap_bytes or spec.allocation.device_memory_bytes
     return {
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "dp": layout.dp,
-        "mbs": layout.mbs,
-        "gas": layout.gas,
+        **{d.slot: getattr(layout, d.name) for d in LAYOUT_DIMENSIONS},
         "global_batch": layout.global_batch,
         "batch_per_replica": layout.mbs * layout.gas,
         "gas_times_dp": layout.gas * layout.dp,
         "tokens_per_step": layout.global_batch * model.seq_length,
-        "zero_stage": layout.zero_stage,
-        "recompute": layout.recompute,
-        "vpp": layout.vpp,
         "layers_per_virtual_stage": model.num_layers // (layout.pp * layout.vpp),
-        "seq_parallel": layout.sequence_parallel,
         "world_size": layout.world_size,
         "nnodes": nnodes,
         "node_rank": node_rank,
