@@ -36,6 +36,15 @@ def test_valid_layout_has_no_violations():
         (ParallelLayout(1, 1, 1, 1, 1, zero_stage=4), 1, None, "0, 1, 2 or 3"),
         (ParallelLayout(1, 1, 2, 2, 2), 2, 16, "!= global batch 16"),
         (ParallelLayout(1, 1, 1, 0, 1), 1, None, "mbs must be >= 1"),
+        (ParallelLayout(1, 1, 1, 1, 1, cp=0), 1, None, "cp must be >= 1"),
+        (ParallelLayout(2, 1, 1, 1, 1, cp=2), 8, None, "tp*cp*pp*dp = 2*2*1*1 = 4"),
+        (ParallelLayout(1, 1, 1, 1, 1, cp=64), 64, None, "not divisible by 2*cp = 2*64"),
+        (
+            ParallelLayout(8, 1, 1, 1, 1, cp=8, sequence_parallel=True),
+            64,
+            None,
+            "seq_length 64 not divisible by 2*cp = 2*8 times tp 8 (= 128)",
+        ),
     ],
 )
 def test_each_rule_is_reported(layout, world, global_batch, fragment):

@@ -101,7 +101,11 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
         name, value = read
         given[name] = value
     for name, candidates in space.searched.items():
-        if name not in given and DIMENSIONS_BY_NAME[name].kind != "bool":
+        # The short form leaves a dimension at its default out (no cp1, z0 or sp).
+        default = DIMENSIONS_BY_NAME[name].default
+        if name not in given and default is not None and default in candidates:
+            given[name] = default
+        elif name not in given:
             raise LayoutError(
                 f"--layout: {space.source} searches {name} over "
                 f"{', '.join(map(str, candidates))}; give one"
@@ -112,7 +116,7 @@ def parse_layout(space: SearchSpace, text: str) -> ParallelLayout:
                 f"--layout: {name} {given[name]} is not among the values {space.source} "
                 f"searches: {', '.join(map(str, candidates))}"
             )
-    point = {name: given.get(name, False) for name in space.searched}
+    point = {name: given[name] for name in space.searched}
     layout = raw_layout(space, point)
     for name, value in given.items():
         if name not in space.searched and getattr(layout, name) != value:
