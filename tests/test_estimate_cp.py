@@ -126,3 +126,18 @@ def test_each_rank_computes_its_share_of_the_sequence():
     assert attention_layer_s(MODEL, shape(8), ALLOCATION, settings) < attention_layer_s(
         MODEL, shape(1), ALLOCATION, settings
     )
+
+
+def test_the_published_cp_table_loads_and_each_row_gets_a_ratio(capsys):
+    from estimate_fidelity import cp_published, report_cp
+
+    runs = cp_published()
+    with_cp = [run for run in runs if run.layout.cp > 1]
+    assert len(with_cp) >= 8, [run.layout.short() for run in runs]
+    summaries = report_cp(runs)
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| ") and "seq" not in line]
+    assert len(rows) >= len(runs), printed
+    for table, summary in summaries.items():
+        assert 0 < summary["ratio_min"] <= summary["ratio_max"] < 10, (table, summary)
+        assert summary["cp_pairs"] > 0 and 0 <= summary["cp_agree"] <= summary["cp_pairs"]
