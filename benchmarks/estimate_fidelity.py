@@ -24,6 +24,28 @@ Sets (each transcribed below with its source):
   their five LLaMA layout sweeps on 64-256 A100 80GB (``replay/hagemann2023.csv``, see
   ``replay/README.md``), each predicted under its replay space file: throughput over the
   runs that fit, and which runs the estimate expects to fit against which ran out of memory.
+* ``cp-published`` (issue 47, item 7): context-parallel training throughput as published.
+  NeMo's "Long Sequence Performance" page (NVIDIA/NeMo ``docs/source/performance/
+  performance_long_sequence.md``, commit 9421f21a): the "LLAMA2-7B (FP8) - H100" table
+  (NeMo 24.03.01, DGX H100), the with-CP columns (TP, PP, DP, CP, TFLOP/s per GPU) and the
+  batch (the same page's "LLAMA3-8B (FP8) - B200" table is left out: its TP·PP·DP·CP is a
+  quarter of its GPU count on every row, 2 of 8 on the first, so its layouts are not known);
+  and
+  torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (pytorch/torchtitan, runs of
+  2024-12, Grand Teton H100 96 GB HBM2e at 500 W, 400 Gb/s per GPU) Table 2 (Llama 3.1 8B,
+  8 GPUs, FSDP + CP, local batch 1, full activation checkpointing) and Table 6 (Llama 3.1
+  405B, 512 GPUs, TP 8, PP 8, FSDP + CP, local batch 8, 1F1B, full checkpointing), tokens/s
+  per GPU. Every run there is FP8 (Transformer Engine; torchao Float8 linears), which the
+  estimate does not model: it times bf16 at the bf16 peak, so its ratios sit below 1 by
+  about the FP8 speed-up (1.1-1.5x on H100, REFERENCE.md); the order between CP degrees is
+  the check. NeMo's TFLOP/s count full (non-causal) attention, as ``flops_per_step`` does
+  (``nemo/utils/flops_formulas.py``'s ``llama2``: ``12 + 12·g/a + 18·f/h + 12·s/h +
+  6·V/(L·h)`` per ``B·s·L·h²``), so the ratio of TFLOP/s is the ratio of tokens/s. Assumed
+  (the sources do not say): micro-batch 1; NeMo with sequence parallel under TP, its
+  distributed optimizer (ZeRO-1) and no recompute; torchtitan's micro-batches of 1 (local
+  batch 8 = 8 micro-batches under PP).
+  405B's 126 layers on 8 stages: the estimate gives each stage 15 (torchtitan splits
+  unevenly), so its 405B step is ~5% short.
 * ``narayanan-table2`` (kept aside, not looked at while changing the model): Narayanan et
   al. 2021 Table 2 (also plotted as Figure 10): ZeRO-3 without model parallelism vs PTD-P,
   175B and 530B, fixed global batch, achieved teraFLOP/s per GPU.
@@ -91,6 +113,24 @@ A100_SELENE = AllocationSpec(
     inter_node_bandwidth_bytes_per_s=25e9,
 )
 SEQ, VOCAB = 2048, 51200
+
+# H100 SXM (DGX H100): 989 TFLOP/s dense bf16 (H100 data sheet), NVLink 4 900 GB/s per GPU
+# both ways (450 each), one 400 Gb/s NDR HCA per GPU (DGX H100 user guide): the figures of
+# parsearch/profiles/h100-sxm-dgx.yaml. torchtitan's Grand Teton H100s are 96 GB HBM2e at
+# 500 W; their peak lies between the SXM's and the NVL's (its footnote 2): the SXM's is used.
+H100_DGX = AllocationSpec(
+    name="dgx-h100",
+    nodes=128,
+    devices_per_node=8,
+    device_memory_bytes=80 * 10**9,
+    peak_flops_per_device=989e12,
+    intra_node_bandwidth_bytes_per_s=450e9,
+    inter_node_bandwidth_bytes_per_s=50e9,
+    memory_bandwidth_bytes_per_s=3.35e12,
+)
+H100_GRAND_TETON = replace(
+    H100_DGX, name="grand-teton-h100", device_memory_bytes=96 * 10**9, nodes=64
+)
 
 
 @dataclass(frozen=True)
@@ -239,6 +279,193 @@ PUBLISHED_RAN = [
     ),
     ("145B t8 p16 no recompute batch 8", GPT_145B, layout(8, 16, 128, 8)),
 ]
+
+
+LLAMA2_7B = ModelSpec(
+    name="llama2-7b",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    ffn_hidden_size=11008,
+    vocab_size=32000,
+    seq_length=4096,
+    arch="llama",
+)
+LLAMA31_8B = ModelSpec(
+    name="llama3.1-8b",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=128256,
+    seq_length=8192,
+    arch="llama",
+)
+LLAMA31_405B = ModelSpec(
+    name="llama3.1-405b",
+    num_layers=126,
+    hidden_size=16384,
+    num_heads=128,
+    num_kv_heads=8,
+    ffn_hidden_size=53248,
+    vocab_size=128256,
+    seq_length=8192,
+    arch="llama",
+)
+
+# NeMo performance_long_sequence.md (commit 9421f21a), with-CP columns:
+# (sequence in K tokens, GPUs, batch, TP, PP, DP, CP, TFLOP/s per GPU).
+NEMO_LLAMA2_7B_H100 = [
+    (4, 4, 1024, 1, 1, 4, 1, 768),
+    (8, 8, 512, 1, 2, 4, 1, 730),
+    (16, 16, 256, 2, 1, 8, 1, 660),
+    (32, 32, 128, 2, 1, 8, 2, 610),
+    (64, 64, 64, 4, 1, 8, 2, 574),
+    (128, 128, 32, 4, 1, 8, 4, 555),
+    (256, 256, 16, 4, 1, 8, 8, 549),
+    (512, 512, 8, 8, 1, 4, 16, 549),
+    (1024, 1024, 4, 8, 1, 4, 32, 536),
+]
+# torchtitan benchmarks/llama3_h100_202412_torchtitan.md: (sequence, TP, PP, FSDP, CP,
+# micro-batches per step, tokens/s per GPU). Table 2: Llama 3.1 8B on 8 GPUs; Table 6:
+# Llama 3.1 405B on 512 GPUs.
+TORCHTITAN_8B_TABLE2 = [
+    (32768, 1, 1, 8, 1, 1, 3890),
+    (65536, 1, 1, 4, 2, 1, 2540),
+    (131072, 1, 1, 2, 4, 1, 1071),
+    (262144, 1, 1, 1, 8, 1, 548),
+]
+TORCHTITAN_405B_TABLE6 = [
+    (32768, 8, 8, 8, 1, 8, 76),
+    (65536, 8, 8, 4, 2, 8, 47),
+    (131072, 8, 8, 2, 4, 8, 31),
+    (262144, 8, 8, 1, 8, 8, 16),
+]
+
+
+@dataclass(frozen=True)
+class CpRun:
+    """One published context-parallel measurement, as tokens/s per GPU (NeMo's TFLOP/s
+    converted with the same FLOP count, which is also ours)."""
+
+    table: str
+    model: ModelSpec
+    layout: ParallelLayout
+    allocation: AllocationSpec
+    tokens_per_s_per_gpu: float
+    framework: str = "megatron"
+
+
+def cp_published() -> list[CpRun]:
+    runs = []
+    for table, model, allocation, rows in (
+        ("nemo llama2-7b h100", LLAMA2_7B, H100_DGX, NEMO_LLAMA2_7B_H100),
+    ):
+        for seq_k, gpus, batch, tp, pp, dp, cp, tflops in rows:
+            sized = replace(model, seq_length=seq_k * 1024)
+            shape = ParallelLayout(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                mbs=1,
+                gas=batch // dp,
+                zero_stage=1,
+                sequence_parallel=tp > 1,
+            )
+            assert shape.world_size == gpus, (table, seq_k, shape.world_size, gpus)
+            tokens = tflops * 1e12 * gpus / flops_per_step(sized, batch) * batch * sized.seq_length
+            runs.append(CpRun(table, sized, shape, allocation, tokens / gpus))
+    for table, model, rows in (
+        ("torchtitan 8b table 2", LLAMA31_8B, TORCHTITAN_8B_TABLE2),
+        ("torchtitan 405b table 6", LLAMA31_405B, TORCHTITAN_405B_TABLE6),
+    ):
+        for seq, tp, pp, fsdp, cp, microbatches, tps in rows:
+            shape = ParallelLayout(
+                tp=tp,
+                pp=pp,
+                dp=fsdp,
+                cp=cp,
+                mbs=1,
+                gas=microbatches,
+                zero_stage=3,
+                recompute="full",
+                sequence_parallel=tp > 1,
+            )
+            sized = replace(model, seq_length=seq)
+            runs.append(CpRun(table, sized, shape, H100_GRAND_TETON, tps, framework="torch"))
+    return runs
+
+
+def cp_order(runs: list[CpRun], predicted: list[float]) -> tuple[int, int]:
+    """Pairs of one table's rows at different CP degrees whose measured throughputs differ
+    by more than 2%: how many the estimate orders as measured, and how many there are."""
+    agree = total = 0
+    for i, j in itertools.combinations(range(len(runs)), 2):
+        a, b = runs[i], runs[j]
+        if a.table != b.table or a.layout.cp == b.layout.cp:
+            continue
+        ma, mb = a.tokens_per_s_per_gpu, b.tokens_per_s_per_gpu
+        if abs(ma - mb) <= 0.02 * max(ma, mb):
+            continue
+        total += 1
+        agree += (predicted[i] > predicted[j]) == (ma > mb)
+    return agree, total
+
+
+def report_cp(runs: list[CpRun] | None = None) -> dict[str, dict[str, float]]:
+    """Issue 47, item 7: each published CP row's ratio (predicted / measured tokens/s per
+    GPU), the exposed ring time's share of the step, and the pairwise order between CP
+    degrees of one model, per table."""
+    runs = cp_published() if runs is None else runs
+    print("\n### published context-parallel runs (tokens/s per GPU; all FP8, estimated bf16)\n")
+    print(
+        "| table | seq | layout | measured | predicted | ratio | ring exposed | memory GiB "
+        "| ratio, h100-sxm-dgx profile |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    predicted = []
+    profile = load_profile("h100-sxm-dgx")
+    for run in runs:
+        settings = EstimateSettings(framework=run.framework)
+        prediction = predict(run.model, run.layout, run.allocation, settings)
+        per_gpu = prediction.tokens_per_s / run.layout.world_size
+        predicted.append(per_gpu)
+        profiled = predict(
+            run.model,
+            run.layout,
+            run.allocation,
+            with_machine(settings, profile, run.allocation),
+        )
+        profiled_ratio = profiled.tokens_per_s / run.layout.world_size / run.tokens_per_s_per_gpu
+        print(
+            f"| {run.table} | {run.model.seq_length} | {run.layout.short()} | "
+            f"{run.tokens_per_s_per_gpu:.0f} | {per_gpu:.0f} | "
+            f"{per_gpu / run.tokens_per_s_per_gpu:.2f} | "
+            f"{prediction.cp_comm_s / prediction.step_time_s:.1%} | "
+            f"{prediction.memory.total / 2**30:.1f} | {profiled_ratio:.2f} |"
+        )
+    summaries = {}
+    print("\n| table | rows (cp > 1) | ratio range | CP pairs ordered as measured |")
+    print("|---|---|---|---|")
+    for table in dict.fromkeys(run.table for run in runs):
+        index = [i for i, run in enumerate(runs) if run.table == table]
+        rows = [runs[i] for i in index]
+        guesses = [predicted[i] for i in index]
+        ratios = [g / r.tokens_per_s_per_gpu for g, r in zip(guesses, rows, strict=True)]
+        agree, total = cp_order(rows, guesses)
+        summaries[table] = {
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "cp_agree": agree,
+            "cp_pairs": total,
+        }
+        print(
+            f"| {table} | {len(rows)} ({sum(r.layout.cp > 1 for r in rows)}) | "
+            f"{min(ratios):.2f}–{max(ratios):.2f} | {agree} of {total} |"
+        )
+    return summaries
 
 
 def predicted_tflops(run: Run, settings: EstimateSettings) -> float:
@@ -612,6 +839,9 @@ def main() -> None:
         report_band()
         report_band_on_tables()
         return
+    if "--cp" in sys.argv[1:]:
+        report_cp()
+        return
     # Megatron-LM of 2021-22 ran a fused (unflashed) softmax; see the module docstring.
     settings = EstimateSettings(flash_attention=False)
     for name, heads, hidden, layers, _, _, gpus, batch, _, selective_s in KORTHIKANTI_TABLE5:
@@ -634,6 +864,7 @@ def main() -> None:
     summaries.update(report_with_profile("a100-80gb-dgx"))
     report_band()
     report_band_on_tables()
+    report_cp()
     print("\n### Summary\n")
     print("| set | ratio range | pairwise | Spearman | same best |")
     print("|---|---|---|---|---|")

@@ -51,14 +51,23 @@ def param_count(model: ModelSpec) -> int:
     return embedding_params(model) + model.num_layers * layer_params(model) + head_params(model)
 
 
+def attention_passes(recompute: str) -> int:
+    """Passes of the attention core per micro-batch: forward and backward (counted as two
+    forwards) and, under selective or full recompute, the forward again in the backward."""
+    return 4 if recompute in ("selective", "full") else 3
+
+
 def flops_breakdown(
     model: ModelSpec, global_batch: int, recompute: str = "none"
 ) -> dict[str, float]:
     """Training FLOPs of one optimizer step over ``global_batch`` sequences, by kind.
 
     ``attention`` is the two score matmuls (QKᵀ and AV) that fused attention kernels hide from
-    torch's FLOP counter on CPU; ``matmul`` is every layer's weight multiplies; ``logits``
-    the output projection, which is never recomputed.
+    torch's FLOP counter on CPU, counted over the whole ``s×s`` score matrix as Narayanan et
+    al. and NeMo's ``flops_formulas`` count model FLOPs (a causal kernel executes about half;
+    a context-parallel rank's share of it is ``1/cp`` with the load-balanced split);
+    ``matmul`` is every layer's weight multiplies; ``logits`` the output projection, which is
+    never recomputed.
     """
     if recompute not in _FORWARD_PASSES:
         raise ValueError(f"recompute must be one of {sorted(_FORWARD_PASSES)}, got {recompute!r}")
@@ -69,10 +78,9 @@ def flops_breakdown(
     forward_logits = 2.0 * tokens * model.hidden_size * model.vocab_size
     passes = _FORWARD_PASSES[recompute]
     # Selective recompute re-runs only the attention core in the backward pass.
-    attention_passes = 4 if recompute in ("selective", "full") else 3
     breakdown = {
         "matmul": passes * forward_matmul,
-        "attention": attention_passes * forward_attention,
+        "attention": attention_passes(recompute) * forward_attention,
         "logits": 3 * forward_logits,
     }
     breakdown["total"] = sum(breakdown.values())

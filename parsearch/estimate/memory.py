@@ -5,6 +5,13 @@ Activation bytes per layer and micro-batch, 16-bit, with dropout (the paper's ta
 ``t``, ``s·b·h·(34/t + 5·a·s/(h·t))`` with sequence parallel, ``2·s·b·h`` with full
 recompute. We compute the same sum term by term, so it also holds without dropout, in fp32,
 for SwiGLU MLPs and with flash attention (which removes the ``a·s/h`` term).
+
+Context parallelism (``cp``) splits every sequence over ``cp`` ranks, so each rank keeps the
+activations of ``s/cp`` tokens (:func:`tokens_per_rank`); weights are whole on each of them,
+and the gradients and optimizer states are reduced and sharded over the ``dp·cp`` ranks that
+hold the same weights (:func:`shard_group`), as Megatron-core's distributed optimizer (its
+data-parallel group "with context parallel", ``megatron/core/parallel_state.py``) and
+torchtitan's FSDP (sharded over ``dp_shard·cp``, ``ParallelDims``) do.
 """
 
 from __future__ import annotations
@@ -80,14 +87,27 @@ class MemoryEstimate:
         )
 
 
+def tokens_per_rank(model: ModelSpec, layout: ParallelLayout) -> float:
+    """Tokens of one micro-batch a rank computes and keeps: its ``s/cp`` share of each of the
+    ``mbs`` sequences (two of the ``2·cp`` load-balancing chunks)."""
+    return layout.mbs * model.seq_length / layout.cp
+
+
+def shard_group(layout: ParallelLayout) -> int:
+    """Ranks that hold the same weights and so reduce (and ZeRO-shard) one gradient: the
+    data-parallel replicas times the context-parallel ranks of each."""
+    return layout.dp * layout.cp
+
+
 def activation_bytes_per_layer(
     model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
 ) -> float:
-    """Bytes one layer keeps for backward, for one micro-batch, on one TP rank."""
-    s, b, h = model.seq_length, layout.mbs, model.hidden_size
+    """Bytes one layer keeps for backward, for one micro-batch, on one TP rank (of its
+    ``s/cp`` tokens under context parallelism)."""
+    s, h = model.seq_length, model.hidden_size
     t = layout.tp
     e = _ACTIVATION_BYTES[settings.precision]
-    sbh = s * b * h
+    sbh = tokens_per_rank(model, layout) * h
     if layout.recompute == "full":
         return e * sbh / (t if layout.sequence_parallel else 1)
     mask = 1 if settings.dropout else 0
@@ -103,7 +123,8 @@ def activation_bytes_per_layer(
     sharded = e * (1 + 2 * kv_ratio + 1 + mlp_saved) * sbh / t
     scores = 0.0
     if not settings.flash_attention and layout.recompute != "selective":
-        scores = model.num_heads * s * s * b * (e + mask * (1 + e)) / t
+        # The rank's queries against every key.
+        scores = model.num_heads * s * tokens_per_rank(model, layout) * (e + mask * (1 + e)) / t
     return replicated + sharded + scores
 
 
@@ -127,10 +148,10 @@ def memory_by_stage(
     """Predicted peak memory of a rank in each pipeline stage."""
     weight_b, grad_b, optim_b = _STATE_BYTES[settings.precision]
     e = _ACTIVATION_BYTES[settings.precision]
-    t, dp, pp = layout.tp, layout.dp, layout.pp
+    t, dp, pp = layout.tp, shard_group(layout), layout.pp
     layers_per_stage = model.num_layers // pp
     act_layer = activation_bytes_per_layer(model, layout, settings)
-    s, b = model.seq_length, layout.mbs
+    tokens = tokens_per_rank(model, layout)
     estimates = []
     for stage in range(pp):
         params = layers_per_stage * layer_params(model) / t
@@ -153,7 +174,7 @@ def memory_by_stage(
             )
         if stage == pp - 1:
             # Logits and their softmax for the loss, in fp32, one micro-batch at a time.
-            activations += 2 * 4 * s * b * model.vocab_size / t + e * s * b * model.hidden_size
+            activations += 2 * 4 * tokens * model.vocab_size / t + e * tokens * model.hidden_size
         workspace = 0.0
         if settings.framework == "megatron":
             if stage == 0:
@@ -181,8 +202,8 @@ def embedding_activation_bytes(
     """What the first stage keeps per micro-batch for its embedding, as Megatron-LM counts it
     (``megatron/training/theoretical_memory_usage.py``, commit 1bcb3b9e): the int64 token
     ids and the embedding dropout's 1-byte mask (sharded along the sequence under sequence
-    parallel)."""
-    tokens = model.seq_length * layout.mbs
+    parallel), for the rank's ``s/cp`` tokens."""
+    tokens = tokens_per_rank(model, layout)
     mask = tokens * model.hidden_size if settings.dropout else 0.0
     if layout.sequence_parallel:
         mask /= layout.tp
@@ -260,8 +281,8 @@ def _torch_memory(
       stage output each in-flight micro-batch keeps and the receive buffers that
       ``torch.distributed.pipelining`` allocates for every micro-batch, in both directions.
     """
-    t, dp, pp, stage = layout.tp, layout.dp, layout.pp, estimate.stage
-    s, b, h = model.seq_length, layout.mbs, model.hidden_size
+    t, dp, pp, stage = layout.tp, shard_group(layout), layout.pp, estimate.stage
+    h = model.hidden_size
     e = _ACTIVATION_BYTES[settings.precision]
     half = settings.precision != "fp32"
     layer = layer_params(model) / t
@@ -276,7 +297,7 @@ def _torch_memory(
         unreduced = params if layout.zero_stage == 1 else root + layer
         grads = params * 4 / dp + unreduced * gathered
     grad_temp_b = 2 if half and layout.zero_stage else 4
-    tokens = s * b
+    tokens = tokens_per_rank(model, layout)
     workspace = 2 * tokens * model.ffn / t * e + h * model.ffn / t * grad_temp_b
     if stage == pp - 1:
         loss = tokens * model.vocab_size / t * 4 + model.vocab_size * h / t * grad_temp_b

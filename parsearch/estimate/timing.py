@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.estimate.flops import (
+    attention_passes,
     embedding_params,
     flops_breakdown,
     head_params,
@@ -33,6 +34,8 @@ from parsearch.estimate.memory import (
     EstimateSettings,
     MemoryEstimate,
     memory_per_rank,
+    shard_group,
+    tokens_per_rank,
 )
 
 
@@ -54,6 +57,9 @@ class Prediction:
     # the optimizer step and the per-step reductions (:func:`step_fixed_s`).
     dp_comm_s: float
     optimizer_s: float = 0.0
+    # Context parallelism's K/V ring exchange left on the critical path (what the attention
+    # blocks could not hide, :func:`cp_ring_exposed_s`), seconds per step.
+    cp_comm_s: float = 0.0
 
     @property
     def peak_mem_bytes(self) -> float:
@@ -133,9 +139,10 @@ def _layer_gemms(model: ModelSpec, layout: ParallelLayout) -> list[tuple[float, 
 
     Column-parallel matmuls (QKV, the MLP's first) split their outputs over TP;
     row-parallel ones (attention output, the MLP's second) split their inner dimension and
-    keep a full-size output. So TP shrinks only half the layer's GEMM outputs.
+    keep a full-size output. So TP shrinks only half the layer's GEMM outputs; CP shrinks
+    them all (each rank multiplies its ``s/cp`` tokens).
     """
-    tokens = layout.mbs * model.seq_length
+    tokens = tokens_per_rank(model, layout)
     h, t = model.hidden_size, layout.tp
     qkv = (h + 2 * model.kv_heads * model.head_dim) / t
     mlp = model.ffn / t
@@ -152,7 +159,7 @@ def gemm_efficiency(model: ModelSpec, layout: ParallelLayout, settings: Estimate
     or the GEMM curve averaged over the layer's matmuls, weighted by their work."""
     machine = settings.machine
     if machine is not None:
-        measured = machine.gemm_efficiency(layout.tp, layout.mbs, model.seq_length)
+        measured = machine.gemm_efficiency(layout.tp, layout.mbs, model.seq_length // layout.cp)
         if measured is not None:
             return measured
     gemms = _layer_gemms(model, layout)
@@ -168,9 +175,10 @@ def unfused_softmax_bytes(
     written by the fused scale-mask-softmax, and again by the dropout (plus its 1-byte mask),
     forward; backward reads the gradient and the probabilities and writes a gradient, and the
     dropout's backward reads the mask. Recompute (selective or full) runs the forward again.
-    Memory-bound, so it costs small models, whose GEMMs per score are few, the most."""
+    Memory-bound, so it costs small models, whose GEMMs per score are few, the most. Under
+    context parallelism a rank scores its ``s/cp`` queries."""
     e = _ACTIVATION_BYTES[settings.precision]
-    scores = layout.mbs * model.num_heads / layout.tp * model.seq_length**2
+    scores = layout.mbs * model.num_heads / layout.tp * model.seq_length**2 / layout.cp
     dropout = settings.dropout
     forward = 2 * e + (2 * e + 1 if dropout else 0)
     backward = 3 * e + (2 * e + 1 if dropout else 0)
@@ -192,7 +200,7 @@ def elementwise_bytes(
     (the default compute efficiency, calibrated end to end, already absorbs it)."""
     e = _ACTIVATION_BYTES[settings.precision]
     mask = 1 if settings.dropout else 0
-    tokens = layout.mbs * model.seq_length
+    tokens = tokens_per_rank(model, layout)
     forwards = 2 if layout.recompute == "full" else 1
     replicated = (forwards + 1) * (10 * e + 2 * mask) * model.hidden_size
     if layout.sequence_parallel:
@@ -203,6 +211,27 @@ def elementwise_bytes(
     return tokens * (replicated + sharded)
 
 
+def attention_layer_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """One layer's attention core (the score and value matmuls, every pass: forward,
+    backward, recompute) for one micro-batch on one rank: ``1/tp`` of the heads, ``1/cp`` of
+    the work. A kernel's efficiency is that of one block it runs: the whole ``s×s`` score
+    matrix without CP, one ``s/cp × s/cp`` block of the ring per step with it."""
+    t, peak, cp = layout.tp, allocation.peak_flops_per_device, layout.cp
+    attention = flops_breakdown(model, layout.mbs, layout.recompute)["attention"]
+    block = model.seq_length**2 / cp**2
+    attention_eff = _curve(layout.mbs * model.num_heads / t * block, settings)
+    machine = settings.machine
+    if settings.flash_attention and machine is not None and machine.attention_flops:
+        # A device profile's fused-attention kernel, measured forward and backward.
+        attention_eff = machine.attention_flops / peak
+    return attention / cp / model.num_layers / t / (peak * attention_eff)
+
+
 def stage_compute_s(
     model: ModelSpec,
     layout: ParallelLayout,
@@ -210,20 +239,17 @@ def stage_compute_s(
     settings: EstimateSettings,
 ) -> list[float]:
     """Compute time of one micro-batch on a rank of each pipeline stage (the last stage also
-    runs the output layer and the loss)."""
+    runs the output layer and the loss). Under context parallelism a rank computes its
+    ``s/cp`` tokens of every sequence: ``1/cp`` of the matmuls and logits and, with the
+    load-balanced split, ``1/cp`` of the causal attention."""
     per_mb = flops_breakdown(model, layout.mbs, layout.recompute)
-    t, peak = layout.tp, allocation.peak_flops_per_device
+    t, peak, cp = layout.tp, allocation.peak_flops_per_device, layout.cp
     layers = model.num_layers
-    heads_per_rank = model.num_heads / t
-    attention_eff = _curve(layout.mbs * heads_per_rank * model.seq_length**2, settings)
     machine = settings.machine
-    if settings.flash_attention and machine is not None and machine.attention_flops:
-        # A device profile's fused-attention kernel, measured forward and backward.
-        attention_eff = machine.attention_flops / peak
-    logits_eff = _curve(layout.mbs * model.seq_length * model.vocab_size / t, settings)
-    layer_s = per_mb["matmul"] / layers / t / (peak * gemm_efficiency(model, layout, settings))
-    layer_s += per_mb["attention"] / layers / t / (peak * attention_eff)
-    logits_s = per_mb["logits"] / t / (peak * logits_eff)
+    logits_eff = _curve(tokens_per_rank(model, layout) * model.vocab_size / t, settings)
+    layer_s = per_mb["matmul"] / cp / layers / t / (peak * gemm_efficiency(model, layout, settings))
+    layer_s += attention_layer_s(model, layout, allocation, settings)
+    logits_s = per_mb["logits"] / cp / t / (peak * logits_eff)
     if not settings.flash_attention:
         layer_s += unfused_softmax_bytes(model, layout, settings) / memory_bandwidth(
             allocation, settings
@@ -236,14 +262,69 @@ def stage_compute_s(
     return [per_stage + (logits_s if stage == layout.pp - 1 else 0.0) for stage in range(layout.pp)]
 
 
+def cp_ring_links(layout: ParallelLayout, allocation: AllocationSpec) -> tuple[str, float]:
+    """The links a context-parallel group's ring runs on, as a collective kind and its
+    data-sheet bandwidth. Megatron orders ranks tp-cp-dp-pp, innermost first: a CP group is
+    ``cp`` ranks ``tp`` apart within ``tp·cp`` consecutive ranks, inside one node when
+    ``tp·cp <= devices_per_node``; otherwise its ring crosses the network at every node
+    boundary and each step waits for that hop (one rank per boundary, on its own NIC share)."""
+    if layout.tp * layout.cp <= allocation.devices_per_node:
+        return "dp-intra-node", allocation.intra_node_bandwidth_bytes_per_s
+    return "dp-across-nodes", allocation.inter_node_bandwidth_bytes_per_s
+
+
+def cp_ring_step_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """One step of ring (p2p) attention's K/V exchange for one layer and micro-batch: every
+    rank sends its K and V (``2·b·(s/cp)·kv_width/tp`` elements, ``kv_width`` = K/V heads ×
+    head size, so grouped-query attention shrinks it) to the next rank and receives the
+    previous rank's, all at once (Megatron-core's ``--cp-comm-type p2p``, Transformer
+    Engine's ``AttnFuncWithCPAndKVP2P``). That is one step of a ring all-gather of the
+    group's K/V, and it is timed as one: a profile's all-gather fit for where the group lies,
+    or the data-sheet bandwidth and the settings' latency."""
+    e = _ACTIVATION_BYTES[settings.precision]
+    kv_width = model.kv_heads * model.head_dim
+    chunk = e * 2 * tokens_per_rank(model, layout) * kv_width / layout.tp
+    kind, bandwidth = cp_ring_links(layout, allocation)
+    cp = layout.cp
+    return collective_s("all-gather", chunk * cp, cp, kind, bandwidth, settings) / (cp - 1)
+
+
+def cp_ring_exposed_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """The part of one layer's K/V ring exchange, for one micro-batch, that the attention
+    compute cannot hide. A forward pass runs ``cp`` attention blocks (the rank's own chunks,
+    then one per received K/V) and ``cp - 1`` transfers, each behind one block: a step whose
+    transfer outlasts its block exposes the difference. The backward passes the K/V and
+    their gradients (twice the bytes) behind the backward blocks (twice the work), so it
+    exposes twice a forward's; a recomputed forward exposes one more. Zero without CP."""
+    cp = layout.cp
+    if cp <= 1:
+        return 0.0
+    passes = attention_passes(layout.recompute)
+    block = attention_layer_s(model, layout, allocation, settings) / passes / cp
+    transfer = cp_ring_step_s(model, layout, allocation, settings)
+    forward = (cp - 1) * max(0.0, transfer - block)
+    return passes * forward
+
+
 def dp_ranks_per_node(layout: ParallelLayout, allocation: AllocationSpec) -> int:
-    """Ranks of one data-parallel group that share a node. Megatron orders ranks TP
-    innermost, then DP: a DP group's ranks are ``tp`` apart, so a node of ``g`` devices holds
-    ``g / tp`` of them (one when TP fills the node)."""
+    """Ranks of one data-parallel group (``dp·cp`` ranks: :func:`shard_group`) that share a
+    node. Megatron orders ranks TP innermost, then CP, then DP: the group's ranks are ``tp``
+    apart, so a node of ``g`` devices holds ``g / tp`` of them (one when TP fills the
+    node)."""
     per_node = allocation.devices_per_node
     if layout.tp >= per_node:
         return 1
-    return max(1, min(layout.dp, per_node // layout.tp))
+    return max(1, min(shard_group(layout), per_node // layout.tp))
 
 
 def dp_collective_s(
@@ -255,7 +336,8 @@ def dp_collective_s(
     *,
     hierarchical: bool = True,
 ) -> float:
-    """One collective over a data-parallel group of ``layout.dp`` ranks.
+    """One collective over a data-parallel group of ``dp·cp`` ranks (the ranks that hold the
+    same weights; ``dp`` without context parallelism).
 
     Inside a node: a ring over the node's links. Across nodes with one rank of the group
     per node: a ring at the per-device network bandwidth. Across nodes with ``g > 1`` ranks
@@ -266,7 +348,7 @@ def dp_collective_s(
     inside the node; an all-gather or a reduce-scatter is the across-nodes step on ``size/g``
     and the inside-node step on ``size``. Each device then sends ``1/g`` of what a flat
     ring at the per-device bandwidth would (``hierarchical=False``: the flat ring)."""
-    tp, dp = layout.tp, layout.dp
+    tp, dp = layout.tp, shard_group(layout)
     if dp <= 1:
         return 0.0
     intra = allocation.intra_node_bandwidth_bytes_per_s
@@ -332,9 +414,10 @@ def _dp_exposed_s(
     micro-batch (:func:`zero3_passes`), one all-gather per module
     (:func:`zero3_gathered_modules`), and reduce-scatters the gradients, behind that
     micro-batch's compute. Either hides at most ``dp_overlap`` of the traffic and never
-    more than the compute it runs behind.
+    more than the compute it runs behind. The group is the ``dp·cp`` ranks that hold the same
+    weights.
     """
-    if layout.dp <= 1:
+    if shard_group(layout) <= 1:
         return 0.0
     tp = layout.tp
     stage_params = model.num_layers // layout.pp * layer_params(model) / tp
@@ -394,7 +477,7 @@ def step_fixed_s(
     hops each)."""
     stage_params = model.num_layers // layout.pp * layer_params(model) / layout.tp
     stage_params += max(embedding_params(model), head_params(model)) / layout.tp / layout.pp
-    shard = stage_params / (layout.dp if layout.zero_stage >= 1 else 1)
+    shard = stage_params / (shard_group(layout) if layout.zero_stage >= 1 else 1)
     per_param = _OPTIMIZER_BYTES[settings.framework]
     streamed = shard * per_param["shard"] + stage_params * per_param["local"]
     hops = 2 * math.ceil(math.log2(layout.world_size)) if layout.world_size > 1 else 0
@@ -452,13 +535,13 @@ def predict(
     intra = allocation.intra_node_bandwidth_bytes_per_s
     inter = allocation.inter_node_bandwidth_bytes_per_s
     tp, pp, dp, vpp = layout.tp, layout.pp, layout.dp, layout.vpp
-    # Megatron's rank order: TP innermost, then DP, then PP.
-    pp_bw = intra if tp * dp * pp <= per_node else inter
+    # Megatron's rank order: TP innermost, then CP, then DP, then PP.
+    pp_bw = intra if tp * layout.cp * dp * pp <= per_node else inter
     e = _ACTIVATION_BYTES[settings.precision]
     microbatches = layout.gas
 
     stages = stage_compute_s(model, layout, allocation, settings)
-    activation_bytes = model.seq_length * layout.mbs * model.hidden_size * e
+    activation_bytes = tokens_per_rank(model, layout) * model.hidden_size * e
     allreduces_per_layer = 6 if layout.recompute == "full" else 4
     layers_per_stage = model.num_layers // pp
     tp_slot = (
@@ -466,9 +549,10 @@ def predict(
         * allreduces_per_layer
         * tp_allreduce_s(activation_bytes, tp, allocation, settings)
     )
+    cp_slot = layers_per_stage * cp_ring_exposed_s(model, layout, allocation, settings)
     compute_slot = max(stages)
-    slot = compute_slot + tp_slot
-    bubble_slots = bubble_in_slots([stage + tp_slot for stage in stages], vpp)
+    slot = compute_slot + tp_slot + cp_slot
+    bubble_slots = bubble_in_slots([stage + tp_slot + cp_slot for stage in stages], vpp)
     p2p = 0.0
     if pp > 1:
         p2p_bytes = activation_bytes / (tp if layout.sequence_parallel else 1)
@@ -497,4 +581,5 @@ def predict(
         p2p_s=p2p,
         dp_comm_s=dp_exposed,
         optimizer_s=fixed,
+        cp_comm_s=microbatches * cp_slot,
     )
