@@ -240,6 +240,55 @@ class SpacePlan:
     def excluded_count(self) -> int:
         return sum(self.excluded.values())
 
+    def unreachable(self) -> list[str]:
+        """Why each value of a searched dimension that no feasible layout takes is out of
+        reach: at 128K tokens, say, why no layout at cp 1 fits. A value some layout divides
+        at but none fits is named with its smallest layout and what fills its memory."""
+        feasible = {
+            (name, getattr(layout, name))
+            for layout, _ in self.feasible
+            for name in self.space.searched
+        }
+        reasons = []
+        for name, values in self.space.searched.items():
+            label = DIMENSIONS_BY_NAME[name].token
+            for value in values:
+                if (name, value) in feasible:
+                    continue
+                dividing = [item for item in self.predicted_oom if getattr(item[0], name) == value]
+                shown = f"{name} {value}" if label.endswith("=") else f"{label}{value}"
+                if not dividing:
+                    reasons.append(f"{shown}: no layout divides or passes the space's rules")
+                    continue
+                layout, prediction = min(dividing, key=lambda item: item[1].memory.total)
+                memory = prediction.memory
+                states = memory.weights + memory.grads + memory.optimizer
+                reasons.append(
+                    f"{shown}: none of its {len(dividing)} dividing layouts fits; the smallest, "
+                    f"{layout.short()}, needs {format_bytes(memory.total)} per rank "
+                    f"(activations {format_bytes(memory.activations)}, weights, gradients "
+                    f"and optimizer {format_bytes(states)}) against "
+                    f"{format_bytes(self.space.memory_limit_bytes)}"
+                )
+        return reasons
+
+    def best_by_value(self) -> dict[str, list[tuple[Any, int | None, float | None]]]:
+        """For each searched dimension, each value's best feasible layout: its rank in
+        :attr:`feasible` (1-based) and its objective as a share of the best's; ``None``
+        where no layout with that value is feasible (:meth:`unreachable` says why)."""
+        objective = self.space.objective
+        top = getattr(self.feasible[0][1], objective) if self.feasible else None
+        found: dict[tuple[str, Any], tuple[int, float]] = {}
+        for rank, (layout, prediction) in enumerate(self.feasible, start=1):
+            for name in self.space.searched:
+                key = (name, getattr(layout, name))
+                if key not in found and top:
+                    found[key] = (rank, getattr(prediction, objective) / top)
+        return {
+            name: [(value, *found.get((name, value), (None, None))) for value in values]
+            for name, values in self.space.searched.items()
+        }
+
     def timeout_warning(self, top: int = 10) -> str | None:
         """Say so when some of the ``top`` predicted-best layouts would outlast the trial
         timeout: a campaign tries them last and kills them, so the space's optimum may

@@ -74,7 +74,16 @@ def run(args: argparse.Namespace) -> int:
         "feasible": len(plan.feasible),
     }
     if args.format == "json":
-        data = {"space": space.name, "machine": profile_summary(space), "counts": counts}
+        data = {
+            "space": space.name,
+            "machine": profile_summary(space),
+            "counts": counts,
+            "best_by_value": {
+                name: [{"value": v, "rank": r, "share": f} for v, r, f in values]
+                for name, values in plan.best_by_value().items()
+            },
+            "unreachable": plan.unreachable(),
+        }
         json.dump({**data, "top": rows}, sys.stdout, indent=2)
         print()
     elif args.format == "csv":
@@ -196,6 +205,16 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
         print(f"  not dividing: {count:6d} x {reason}")
     for reason, count in plan.excluded.most_common():
         print(f"  excluded:     {count:6d} x {reason}")
+    if plan.feasible:
+        print(f"best layout of each searched value (its rank, its {space.objective} / the best's):")
+        for name, values in plan.best_by_value().items():
+            cells = [
+                f"{value} #{rank} {share:.0%}" if rank else f"{value} none fits"
+                for value, rank, share in values
+            ]
+            print(f"  {name}: {', '.join(cells)}")
+    for reason in plan.unreachable():
+        print(f"  out of reach: {reason}")
     if not rows:
         print("no feasible layout (all predicted out of memory)")
         return

@@ -222,7 +222,10 @@ def step_parts(space: SearchSpace, layout: ParallelLayout, prediction: Predictio
     communication, so it is shared out between those parts rather than kept apart: a slower
     compute then also means a longer bubble, as on a real machine.
     """
-    busy = prediction.compute_s + prediction.tp_comm_s
+    # The ring attention's exposed K/V exchange sits in every slot like the tensor-parallel
+    # collectives, on the same model-parallel links: one part with them (zero at cp 1).
+    model_comm = prediction.tp_comm_s + prediction.cp_comm_s
+    busy = prediction.compute_s + model_comm
     stretch = 1.0 + (prediction.bubble_s / busy if busy > 0 else 0.0)
     ideal_share = gemm_efficiency(space.model, layout, space.estimate) / (
         space.estimate.compute_efficiency
@@ -232,7 +235,7 @@ def step_parts(space: SearchSpace, layout: ParallelLayout, prediction: Predictio
         [
             compute * ideal_share,
             compute * (1.0 - ideal_share),
-            prediction.tp_comm_s * stretch,
+            model_comm * stretch,
             prediction.p2p_s,
             prediction.dp_comm_s,
         ]
