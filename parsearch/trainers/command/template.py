@@ -22,6 +22,9 @@ placeholder's value — how one template serves trainers that take flags rather 
     - switch: vpp
       cases: {1: []}
       default: [--num-virtual-stages-per-pipeline-rank, "{vpp}"]
+    - switch: cp
+      cases: {1: []}
+      default: [--context-parallel-size, "{cp}", --cp-comm-type, p2p]
 
 A switch on ``recompute`` or ``seq_parallel`` must list every value (or give ``default``);
 any other switch needs a ``default``. Unknown placeholders, switches and case values are
@@ -164,6 +167,7 @@ def trial_values(
     cap = spec.memory_cap_bytes or spec.allocation.device_memory_bytes
     return {
         "tp": layout.tp,
+        "cp": layout.cp,
         "pp": layout.pp,
         "dp": layout.dp,
         "mbs": layout.mbs,
