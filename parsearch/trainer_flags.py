@@ -370,16 +370,15 @@ def _divisors(heads: int, kv_heads: int | None = None) -> str:
 
 def _check_torchtitan_sequence(layout: ParallelLayout, space: SearchSpace) -> None:
     """torchtitan's ``seq_len % (tp * 2 * cp)`` (``ParallelDims.seq_len_divisor``), which it
-    asserts with TP even where the trial ran without sequence parallelism."""
-    chunks = 2 * layout.cp if layout.cp > 1 else 1
-    divisor = layout.tp * chunks
+    asserts for every layout, even at cp 1 and where the trial ran TP without sequence
+    parallelism (parsearch's own rule is looser there)."""
+    divisor = layout.tp * 2 * layout.cp
     seq = space.model.seq_length
     if seq % divisor:
         raise ExportError(
-            f"torchtitan cannot run {layout.short()}: it needs seq_len % (tp * 2 * cp) == 0 "
-            f"(tensor_parallel_degree {layout.tp} times the 2*cp={chunks} load-balanced "
-            f"chunks), and model.seq_length {seq} % {divisor} = {seq % divisor}; pick a trial "
-            f"whose tp*2*cp divides {seq}"
+            f"torchtitan cannot run {layout.short()}: it needs seq_len % (tp * 2 * cp) == 0, "
+            f"and model.seq_length {seq} % ({layout.tp} * 2 * {layout.cp}) = {seq % divisor}; "
+            f"pick a trial whose tp*2*cp divides {seq}"
         )
 
 

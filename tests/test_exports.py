@@ -350,7 +350,7 @@ def test_torchtitan_toml_uses_v022_keys_and_reproduces_the_layout(layout, space)
     assert parallel["pipeline_parallel_degree"] == layout.pp
     assert parallel.get("context_parallel_degree", 1) == layout.cp
     # torchtitan's ParallelDims.seq_len_divisor, asserted by its parallelize_llama.
-    assert training["seq_len"] % (layout.tp * (2 * layout.cp if layout.cp > 1 else 1)) == 0
+    assert training["seq_len"] % (layout.tp * 2 * layout.cp) == 0
     replicate = parallel["data_parallel_replicate_degree"]
     shard = parallel["data_parallel_shard_degree"]
     assert replicate * shard == layout.dp
@@ -388,7 +388,10 @@ def test_torchtitan_runs_the_ring_with_its_sequence_rule(space):
     assert "# note: torchtitan shards parameters with FSDP over the cp ranks" in text
     layout = _layout(cp=2, dp=4, gas=64)  # tp 2, no sequence parallelism: parsearch needs % 4
     assert not layout.sequence_parallel
-    with pytest.raises(ExportError, match=r"seq_len % \(tp \* 2 \* cp\).*4100 % 8 = 4"):
+    with pytest.raises(
+        ExportError,
+        match=r"seq_len % \(tp \* 2 \* cp\) == 0, and model.seq_length 4100 % \(2 \* 2 \* 2\) = 4",
+    ):
         export("torchtitan", layout, _model_space(seq_length=4100))
     assert "--context-parallel-size 2" in export("megatron", layout, _model_space(seq_length=4100))
 
