@@ -7,6 +7,7 @@ tests/test_local_backend.py and tests/test_mpi_backend.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
+from parsearch.trainers.command.template import CommandTemplate, trial_values
 from parsearch.trainers.command.trainer import (
     CommandNode,
     CommandSettings,
@@ -226,6 +228,34 @@ def test_switches_expand_to_zero_or_more_arguments():
     assert settings.template.argv(values(rich, settings)) == [
         "x", "--sp", "--rc=selective", "--vpp", "2", "--braces={literal}",
     ]  # fmt: skip
+
+
+def test_a_cp_layout_fills_cp_and_a_world_of_tp_cp_pp_dp():
+    """``{cp}`` and its switch reach the command, and ``{world_size}`` counts the cp ranks:
+    torchrun started with tp*pp*dp ranks would hand Megatron half the world it needs."""
+    model = ModelSpec(num_layers=4, hidden_size=64, num_heads=4, vocab_size=100, seq_length=SEQ)
+    layout = ParallelLayout(tp=2, pp=1, dp=2, mbs=1, gas=2, cp=2)
+    spec = TrialSpec("c", model, layout, AllocationSpec(1, 8, 1 << 30, 1e12, device="cpu"))
+    filled = trial_values(
+        spec, node_rank=0, nnodes=1, master_addr="h", master_port=1, trial_dir=Path("/t"),
+        steps=1, warmup_steps=0,
+    )  # fmt: skip
+    megatron_cp = {
+        "switch": "cp",
+        "cases": {1: []},
+        "default": ["--context-parallel-size={cp}", "--cp-comm-type=p2p"],
+    }
+    template = CommandTemplate.parse(
+        ["train", "--nproc={world_size}", "--cp", "{cp}", megatron_cp], frozenset(filled)
+    )
+    assert template.argv(filled) == [
+        "train", "--nproc=8", "--cp", "2", "--context-parallel-size=2", "--cp-comm-type=p2p",
+    ]  # fmt: skip
+    plain = dataclasses.replace(spec, layout=dataclasses.replace(layout, cp=1, dp=4))
+    assert template.argv(trial_values(
+        plain, node_rank=0, nnodes=1, master_addr="h", master_port=1, trial_dir=Path("/t"),
+        steps=1, warmup_steps=0,
+    )) == ["train", "--nproc=8", "--cp", "1"]  # fmt: skip
 
 
 COMMAND_SPACES = [

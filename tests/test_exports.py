@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import shlex
 import subprocess
@@ -43,15 +44,27 @@ MEGATRON_LM_FLAGS: dict[str, dict] = {
     "--data-parallel-sharding-strategy": {
         "choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"]
     },
+    # ModelParallelConfig.context_parallel_size (dataclass flag); arguments.py's own.
+    "--context-parallel-size": {"type": int},
+    "--cp-comm-type": {"nargs": "+", "type": str},
 }
+# The values --cp-comm-type's help and TransformerConfig.cp_comm_type name.
+MEGATRON_CP_COMM_TYPES = {"p2p", "a2a", "allgather", "a2a+p2p"}
 # microsoft/Megatron-DeepSpeed megatron/arguments.py at f4157bea, 2024-12-24; --deepspeed and
 # --deepspeed_config are added by deepspeed.add_config_arguments (deepspeed/__init__.py).
 MEGATRON_DEEPSPEED_FLAGS: dict[str, dict] = {
     **{
         flag: kind
         for flag, kind in MEGATRON_LM_FLAGS.items()
-        if flag not in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy")
+        if flag
+        not in (
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            "--context-parallel-size",
+            "--cp-comm-type",
+        )
     },
+    "--ds-sequence-parallel-size": {"type": int},
     "--zero-stage": {"type": int},
     "--no-pipeline-parallel": {"action": "store_true"},
     "--deepspeed": {"action": "store_true"},
@@ -68,6 +81,10 @@ DEEPSPEED_KEYS = {
     "bf16",
     "fp16",
     "activation_checkpointing",
+    # read together by deepspeed.initialize (deepspeed/__init__.py) to build its
+    # (data_parallel, sequence_parallel) mesh; checked against the installed package below.
+    "sequence_parallel_size",
+    "data_parallel_size",
 }
 DEEPSPEED_CHECKPOINT_KEYS = {
     "partition_activations",
@@ -86,6 +103,8 @@ TORCHTITAN_KEYS = {
         "data_parallel_shard_degree",
         "fsdp_reshard_after_forward",
         "tensor_parallel_degree",
+        "context_parallel_degree",
+        "context_parallel_rotate_method",
         "pipeline_parallel_degree",
         "pipeline_parallel_schedule",
         "pipeline_parallel_microbatch_size",
@@ -136,13 +155,22 @@ LAYOUTS = [
     _layout(recompute="selective", vpp=2),
     _layout(tp=4, pp=1, dp=16, gas=16, zero_stage=3, recompute="full"),
     _layout(tp=1, pp=1, dp=64, gas=4, zero_stage=2),
+    # Context parallelism: with TP and PP (Megatron, torchtitan), with sequence parallelism,
+    # and alone (all four formats; DeepSpeed runs it as Ulysses).
+    _layout(cp=2, dp=4, gas=64),
+    _layout(tp=4, pp=1, cp=2, dp=8, sequence_parallel=True, recompute="selective"),
+    _layout(tp=1, pp=1, cp=4, dp=16, gas=16, zero_stage=2),
+    _layout(tp=1, pp=1, cp=2, dp=32, gas=8),
 ]
 
-# DeepSpeed's pipeline engine runs neither interleaving nor ZeRO-2/3 with PP.
+# DeepSpeed's pipeline engine runs neither interleaving nor ZeRO-2/3 with PP, and its
+# Ulysses sequence parallelism neither TP nor PP.
 DEEPSPEED_RUNNABLE = [
     layout
     for layout in LAYOUTS
-    if layout.vpp == 1 and not (layout.pp > 1 and layout.zero_stage > 1)
+    if layout.vpp == 1
+    and not (layout.pp > 1 and layout.zero_stage > 1)
+    and (layout.cp == 1 or layout.tp == layout.pp == 1)
 ]
 
 
@@ -186,6 +214,15 @@ def test_megatron_lm_parser_accepts_the_layout(layout, space):
         assert stages == layout.pp * layout.vpp
     else:
         assert args.num_layers_per_virtual_pipeline_stage is None
+    if layout.cp > 1:
+        assert args.context_parallel_size == layout.cp
+        assert args.cp_comm_type == ["p2p"]  # the ring the estimate models
+        assert set(args.cp_comm_type) <= MEGATRON_CP_COMM_TYPES
+        # Megatron's own checks: dp = world / (tp*cp*pp), seq % (2*cp) == 0.
+        assert layout.world_size // (layout.tp * layout.cp * layout.pp) == layout.dp
+        assert space.model.seq_length % (2 * layout.cp) == 0
+    else:
+        assert args.context_parallel_size is None and args.cp_comm_type is None
 
 
 @pytest.mark.parametrize(
@@ -200,9 +237,11 @@ def test_megatron_deepspeed_parser_accepts_the_layout_and_agrees_with_ds_config(
     assert args.no_pipeline_parallel == (layout.pp == 1)
     assert args.deepspeed_activation_checkpointing == (layout.recompute == "full")
     assert _recompute(args) == layout.recompute
+    assert args.ds_sequence_parallel_size == (layout.cp if layout.cp > 1 else None)
     config = json.loads(export("deepspeed", layout, space))
     assert config["train_batch_size"] == args.global_batch_size
     assert config["train_micro_batch_size_per_gpu"] == args.micro_batch_size
+    assert config.get("sequence_parallel_size") == args.ds_sequence_parallel_size
 
 
 @pytest.mark.parametrize(
@@ -222,6 +261,25 @@ def test_deepspeed_config_uses_real_keys_and_consistent_batches(layout, space):
     checkpointing = config.get("activation_checkpointing")
     assert (checkpointing is not None) == (layout.recompute == "full")
     assert set(checkpointing or {}) <= DEEPSPEED_CHECKPOINT_KEYS
+    if layout.cp > 1:
+        # deepspeed.initialize's mesh (data_parallel, sequence_parallel) is the whole world.
+        assert config["data_parallel_size"] * config["sequence_parallel_size"] == layout.world_size
+        assert config["sequence_parallel_size"] == layout.cp
+    else:
+        assert "sequence_parallel_size" not in config and "data_parallel_size" not in config
+
+
+def test_deepspeed_reads_the_sequence_parallel_keys_the_export_writes():
+    """The installed DeepSpeed (0.19.8 in the dev environment) reads both keys
+    together in ``initialize``; a JSON key DeepSpeed ignores would be accepted silently
+    (``DeepSpeedConfig`` tolerates unknown keys), so the check is on its source."""
+    deepspeed = pytest.importorskip("deepspeed")
+    source = inspect.getsource(deepspeed.initialize)
+    for key in ("sequence_parallel_size", "data_parallel_size"):
+        assert f'config["{key}"]' in source, (
+            f"deepspeed {deepspeed.__version__} no longer reads {key}"
+        )
+    assert '("data_parallel", "sequence_parallel")' in source  # sequence ranks innermost
 
 
 @pytest.mark.parametrize("fmt", ["deepspeed", "megatron-deepspeed"])
@@ -239,6 +297,48 @@ def test_deepspeed_formats_refuse_what_its_pipeline_engine_cannot_run(fmt, layou
         export(fmt, layout, space)
 
 
+def _model_space(**model) -> SearchSpace:
+    return space_from_dict({**SPACE, "model": {**SPACE["model"], **model}})
+
+
+ULYSSES = _layout(tp=1, pp=1, dp=16, gas=16)
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "megatron-deepspeed"])
+@pytest.mark.parametrize(
+    "layout,model,reason",
+    [
+        (
+            _layout(cp=2, dp=4, gas=64),
+            {},
+            r"neither tensor nor pipeline parallelism \(tp=2, pp=4\)",
+        ),
+        (
+            dataclasses.replace(ULYSSES, cp=8, dp=8, gas=32),
+            {"hidden_size": 768, "num_heads": 12},
+            r"12 attention heads \(model.num_heads\) over the cp=8 ranks; valid cp: 2, 3, 4, 6, 12",
+        ),
+    ],
+    ids=["tp-pp", "heads"],
+)
+def test_ulysses_refuses_what_it_cannot_split(fmt, layout, model, reason):
+    """DeepSpeed-Ulysses gives each CP rank heads/cp whole heads, and runs without TP and PP."""
+    with pytest.raises(ExportError, match=reason):
+        export(fmt, layout, _model_space(**model))
+
+
+def test_ulysses_kv_heads_megatron_deepspeed_needs_mha_deepspeed_needs_a_divisor():
+    layout = dataclasses.replace(ULYSSES, cp=4, dp=4, gas=64)
+    gqa = _model_space(num_kv_heads=8)  # 32 query heads, 8 K/V heads: cp 4 splits both
+    with pytest.raises(ExportError, match="as many K/V heads as query heads"):
+        export("megatron-deepspeed", layout, gqa)
+    assert json.loads(export("deepspeed", layout, gqa))["sequence_parallel_size"] == 4
+    # 24 heads, 6 K/V heads, cp 4: the heads split but 6 and 4 divide neither way.
+    odd = _model_space(hidden_size=3072, num_heads=24, num_kv_heads=6)
+    with pytest.raises(ExportError, match=r"6 K/V heads .* valid cp: 2, 3, 6, 12, 24"):
+        export("deepspeed", layout, odd)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=ParallelLayout.short)
 def test_torchtitan_toml_uses_v022_keys_and_reproduces_the_layout(layout, space):
     config = tomllib.loads(export("torchtitan", layout, space))
@@ -248,6 +348,9 @@ def test_torchtitan_toml_uses_v022_keys_and_reproduces_the_layout(layout, space)
     training, parallel = config["training"], config["parallelism"]
     assert parallel["tensor_parallel_degree"] == layout.tp
     assert parallel["pipeline_parallel_degree"] == layout.pp
+    assert parallel.get("context_parallel_degree", 1) == layout.cp
+    # torchtitan's ParallelDims.seq_len_divisor, asserted by its parallelize_llama.
+    assert training["seq_len"] % (layout.tp * 2 * layout.cp) == 0
     replicate = parallel["data_parallel_replicate_degree"]
     shard = parallel["data_parallel_shard_degree"]
     assert replicate * shard == layout.dp
@@ -273,6 +376,26 @@ def test_torchtitan_toml_uses_v022_keys_and_reproduces_the_layout(layout, space)
     assert config["activation_checkpoint"]["mode"] == layout.recompute
 
 
+def test_torchtitan_runs_the_ring_with_its_sequence_rule(space):
+    """cp > 1: torch's alltoall rotater (the ring), and torchtitan's seq_len % (tp*2*cp)
+    refused with the numbers where the trial ran TP without sequence parallelism."""
+    text = export("torchtitan", _layout(tp=1, pp=1, cp=2, dp=32, gas=8), space)
+    parallel = tomllib.loads(text)["parallelism"]
+    assert parallel["context_parallel_degree"] == 2
+    assert parallel["context_parallel_rotate_method"] == "alltoall"
+    assert parallel["data_parallel_replicate_degree"] == 32  # zero_stage 0 ...
+    assert parallel["fsdp_reshard_after_forward"] == "never"  # ... but FSDP over cp anyway
+    assert "# note: torchtitan shards parameters with FSDP over the cp ranks" in text
+    layout = _layout(cp=2, dp=4, gas=64)  # tp 2, no sequence parallelism: parsearch needs % 4
+    assert not layout.sequence_parallel
+    with pytest.raises(
+        ExportError,
+        match=r"seq_len % \(tp \* 2 \* cp\) == 0, and model.seq_length 4100 % \(2 \* 2 \* 2\) = 4",
+    ):
+        export("torchtitan", layout, _model_space(seq_length=4100))
+    assert "--context-parallel-size 2" in export("megatron", layout, _model_space(seq_length=4100))
+
+
 def test_torchtitan_notes_what_it_cannot_express(space):
     text = export("torchtitan", _layout(zero_stage=1), space)
     assert "# note: ZeRO-1 has no torchtitan equivalent" in text
@@ -288,9 +411,10 @@ def test_gpipe_schedule_maps_to_torch_names():
 
 
 def test_megatron_output_is_one_flag_per_line(space):
-    lines = export("megatron", _layout(recompute="full"), space).splitlines()
+    lines = export("megatron", _layout(recompute="full", cp=2, dp=4, gas=64), space).splitlines()
     assert all(line.startswith("--") for line in lines)
     assert "--recompute-method uniform" in lines
+    assert {"--context-parallel-size 2", "--cp-comm-type p2p"} <= set(lines)
 
 
 @pytest.mark.parametrize(

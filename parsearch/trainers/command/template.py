@@ -22,6 +22,9 @@ placeholder's value — how one template serves trainers that take flags rather 
     - switch: vpp
       cases: {1: []}
       default: [--num-virtual-stages-per-pipeline-rank, "{vpp}"]
+    - switch: cp
+      cases: {1: []}
+      default: [--context-parallel-size, "{cp}", --cp-comm-type, p2p]
 
 A switch on ``recompute`` or ``seq_parallel`` must list every value (or give ``default``);
 any other switch needs a ``default``. Unknown placeholders, switches and case values are
