@@ -22,7 +22,7 @@ from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
 from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space, space_from_dict
-from parsearch.trainers.command.template import CommandTemplate, trial_values
+from parsearch.trainers.command.template import PLACEHOLDERS, CommandTemplate, trial_values
 from parsearch.trainers.command.trainer import (
     CommandNode,
     CommandSettings,
@@ -245,8 +245,9 @@ def test_a_cp_layout_fills_cp_and_a_world_of_tp_cp_pp_dp():
         "cases": {1: []},
         "default": ["--context-parallel-size={cp}", "--cp-comm-type=p2p"],
     }
+    assert set(filled) == set(PLACEHOLDERS), set(filled) ^ set(PLACEHOLDERS)
     template = CommandTemplate.parse(
-        ["train", "--nproc={world_size}", "--cp", "{cp}", megatron_cp], frozenset(filled)
+        ["train", "--nproc={world_size}", "--cp", "{cp}", megatron_cp], frozenset(PLACEHOLDERS)
     )
     assert template.argv(filled) == [
         "train", "--nproc=8", "--cp", "2", "--context-parallel-size=2", "--cp-comm-type=p2p",
