@@ -45,20 +45,20 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(spec.seq_length, spec.hidden_size) if spec.arch == "gpt" else None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            x = x + self.pos(positions)
         return x
 
 
-def rotary_tables(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
-    """cos and sin of rotary positions, stacked as ``[2, seq, head_dim/2]`` (fp32)."""
+def rotary_tables(spec: ModelSpec, positions: torch.Tensor) -> torch.Tensor:
+    """cos and sin of the rotary angles of ``positions``, stacked as
+    ``[2, len(positions), head_dim/2]`` (fp32)."""
     half = spec.head_dim // 2
+    device = positions.device
     inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=device, dtype=torch.float32) / half))
-    angles = torch.outer(
-        torch.arange(spec.seq_length, device=device, dtype=torch.float32), inv_freq
-    )
+    angles = torch.outer(positions.to(torch.float32), inv_freq)
     return torch.stack([angles.cos(), angles.sin()])
 
 
@@ -154,12 +154,22 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.output.weight = self.embed.tok.weight
-        rotary = rotary_tables(spec) if spec.arch == "llama" else None
+        # The positions of the tokens this module is fed: all of them, or under context
+        # parallelism this rank's chunks (see hold_positions).
+        self.register_buffer("positions", torch.arange(spec.seq_length), persistent=False)
+        rotary = rotary_tables(spec, self.positions) if spec.arch == "llama" else None
         self.register_buffer("rotary", rotary, persistent=False)
+
+    def hold_positions(self, positions: torch.Tensor) -> None:
+        """Take sequences made of the tokens at ``positions`` only (context parallelism):
+        learned positions and rotary angles follow the real positions."""
+        self.positions = positions.to(self.positions.device)
+        if self.rotary is not None:
+            self.rotary = rotary_tables(self.spec, self.positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
-            x = self.embed(x)
+            x = self.embed(x, self.positions)
         for layer in self.layers.values():
             x = layer(x, self.rotary)
         if self.norm is not None:
@@ -243,5 +253,5 @@ def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
         full = initial_value(spec, canonical_name(name, spec), param.shape, seed, device)
         local = param.to_local() if hasattr(param, "to_local") else param
         local.copy_(_local_part(full, param))
-    if getattr(module, "rotary", None) is not None:
-        module.rotary.copy_(rotary_tables(spec, module.rotary.device))
+    if isinstance(module, Transformer):
+        module.hold_positions(torch.arange(spec.seq_length, device=module.positions.device))
