@@ -63,7 +63,8 @@ def _attend_backward(
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, out, lse, 0.0, causal
         )
-    empty = torch.empty(0, device=q.device)
+    # The dropout RNG state, unused without dropout (the forward returns it empty).
+    empty = torch.empty((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
         grad, q, k, v, None, out, lse, empty, empty, 0.0, [True, True, True, False], causal
     )
@@ -78,6 +79,18 @@ def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
 def _sum_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
     """The gradient of :func:`_repeat_heads`: sum over the query heads sharing a K/V head."""
     return t if groups == 1 else t.unflatten(1, (-1, groups)).sum(2)
+
+
+def _merge(
+    out: torch.Tensor, lse: torch.Tensor, block: torch.Tensor, block_lse: torch.Tensor
+) -> None:
+    """Fold one block's output and log-sum-exp into the running ones of the same query rows
+    (fp32 views, updated in place): each side weighted by its share of the merged softmax
+    denominator. A running ``lse`` of ``-inf`` (nothing seen yet) takes the block as is."""
+    merged = torch.logaddexp(lse, block_lse)
+    out.mul_((lse - merged).exp().unsqueeze(-1))
+    out.add_(block.float() * (block_lse - merged).exp().unsqueeze(-1))
+    lse.copy_(merged)
 
 
 class _Ring:
@@ -133,15 +146,11 @@ class RingAttention(torch.autograd.Function):
             rows, cols, causal = ring.blocks(step, half)
             keys, values = (_repeat_heads(t[:, :, cols], groups) for t in kv)
             block, block_lse = _attend(q[:, :, rows], keys, values, causal)
-            merged = torch.logaddexp(lse[:, :, rows], block_lse)
-            out[:, :, rows] = out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(
-                -1
-            ) + block.float() * (block_lse - merged).exp().unsqueeze(-1)
-            lse[:, :, rows] = merged
+            _merge(out[:, :, rows], lse[:, :, rows], block, block_lse)
             if pending is not None:
-                kv, requests = pending
-                for request in requests:
+                for request in pending[1]:
                     request.wait()
+                kv = pending[0]
         out = out.to(q.dtype)
         ctx.group = group
         ctx.save_for_backward(q, k, v, out, lse)
@@ -175,12 +184,14 @@ class RingAttention(torch.autograd.Function):
             dkv[1][:, :, cols] += _sum_heads(dv_block, groups)
             # The K/V gradient travels with the K/V it belongs to; the last pass brings
             # each rank the gradient of its own.
-            dkv, requests = ring.pass_on(dkv)
+            received, requests = ring.pass_on(dkv)
             if pending is not None:
-                kv, more = pending
-                requests = requests + more
+                requests = requests + pending[1]
             for request in requests:
                 request.wait()
+            dkv = received
+            if pending is not None:
+                kv = pending[0]
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
 
 
