@@ -1,7 +1,7 @@
 """A decoder-only transformer you can read in one sitting, free of any parallelism.
 
 Parallelism is applied from outside (:mod:`parsearch.trainers.builtin.parallelize`), as in
-torchtitan, so this file only describes the maths. Two things in it exist for the parallel
+torchtitan, so this file only describes the maths. Three things in it exist for the parallel
 code's sake:
 
 * layers live in a ``ModuleDict`` keyed by their global index, and every optional part
@@ -9,7 +9,10 @@ code's sake:
   with the other layers deleted and parameter names stay global;
 * attention reshapes with ``-1`` heads, so tensor-parallel ranks that hold ``heads/tp`` heads
   run the same code, and the attention core is its own module so it can be checkpointed alone
-  (selective recompute).
+  (selective recompute) or replaced by ring attention (context parallelism);
+* the model keeps the positions of the tokens it is fed (:meth:`Transformer.hold_positions`),
+  so a context-parallel rank fed two chunks of each sequence embeds and rotates them by
+  their real positions.
 
 Weights are initialised by :func:`init_weights` from a generator seeded with the seed and the
 parameter's global name, so every layout (any TP/PP/DP split) starts from identical weights
