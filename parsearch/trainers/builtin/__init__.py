@@ -1,5 +1,6 @@
 """The built-in benchmark trainer: a GPT-style model trained for a few steps with torch's own
-tensor, pipeline and data parallelism, to measure how fast a layout really is.
+tensor, pipeline, context (ring attention) and data parallelism, to measure how fast a
+layout really is.
 
 ``python -m parsearch.trainers.builtin --spec trial.json [--out result.json]`` is one rank;
 :func:`run_trial` runs a whole trial on this machine through the node agent. The model, how

@@ -1,7 +1,7 @@
 """A decoder-only transformer you can read in one sitting, free of any parallelism.
 
 Parallelism is applied from outside (:mod:`parsearch.trainers.builtin.parallelize`), as in
-torchtitan, so this file only describes the maths. Two things in it exist for the parallel
+torchtitan, so this file only describes the maths. Three things in it exist for the parallel
 code's sake:
 
 * layers live in a ``ModuleDict`` keyed by their global index, and every optional part
@@ -9,7 +9,10 @@ code's sake:
   with the other layers deleted and parameter names stay global;
 * attention reshapes with ``-1`` heads, so tensor-parallel ranks that hold ``heads/tp`` heads
   run the same code, and the attention core is its own module so it can be checkpointed alone
-  (selective recompute).
+  (selective recompute) or replaced by ring attention (context parallelism);
+* the model keeps the positions of the tokens it is fed (:meth:`Transformer.hold_positions`),
+  so a context-parallel rank fed two chunks of each sequence embeds and rotates them by
+  their real positions.
 
 Weights are initialised by :func:`init_weights` from a generator seeded with the seed and the
 parameter's global name, so every layout (any TP/PP/DP split) starts from identical weights
@@ -45,20 +48,20 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(spec.seq_length, spec.hidden_size) if spec.arch == "gpt" else None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            x = x + self.pos(positions)
         return x
 
 
-def rotary_tables(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
-    """cos and sin of rotary positions, stacked as ``[2, seq, head_dim/2]`` (fp32)."""
+def rotary_tables(spec: ModelSpec, positions: torch.Tensor) -> torch.Tensor:
+    """cos and sin of the rotary angles of ``positions``, stacked as
+    ``[2, len(positions), head_dim/2]`` (fp32)."""
     half = spec.head_dim // 2
+    device = positions.device
     inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=device, dtype=torch.float32) / half))
-    angles = torch.outer(
-        torch.arange(spec.seq_length, device=device, dtype=torch.float32), inv_freq
-    )
+    angles = torch.outer(positions.to(torch.float32), inv_freq)
     return torch.stack([angles.cos(), angles.sin()])
 
 
@@ -154,12 +157,22 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.output.weight = self.embed.tok.weight
-        rotary = rotary_tables(spec) if spec.arch == "llama" else None
+        # The positions of the tokens this module is fed: all of them, or under context
+        # parallelism this rank's chunks (see hold_positions).
+        self.register_buffer("positions", torch.arange(spec.seq_length), persistent=False)
+        rotary = rotary_tables(spec, self.positions) if spec.arch == "llama" else None
         self.register_buffer("rotary", rotary, persistent=False)
+
+    def hold_positions(self, positions: torch.Tensor) -> None:
+        """Take sequences made of the tokens at ``positions`` only (context parallelism):
+        learned positions and rotary angles follow the real positions."""
+        self.positions = positions.to(self.positions.device)
+        if self.rotary is not None:
+            self.rotary = rotary_tables(self.spec, self.positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
-            x = self.embed(x)
+            x = self.embed(x, self.positions)
         for layer in self.layers.values():
             x = layer(x, self.rotary)
         if self.norm is not None:
@@ -243,5 +256,5 @@ def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
         full = initial_value(spec, canonical_name(name, spec), param.shape, seed, device)
         local = param.to_local() if hasattr(param, "to_local") else param
         local.copy_(_local_part(full, param))
-    if getattr(module, "rotary", None) is not None:
-        module.rotary.copy_(rotary_tables(spec, module.rotary.device))
+    if isinstance(module, Transformer):
+        module.hold_positions(torch.arange(spec.seq_length, device=module.positions.device))

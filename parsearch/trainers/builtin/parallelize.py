@@ -1,9 +1,10 @@
 """Parallelism applied to the plain model by small functions, in torchtitan's order:
-pipeline split → tensor parallel (on the meta device) → materialise + init → activation
-recompute → data parallel (FSDP2 or gradient all-reduce) → pipeline schedule.
+pipeline split → tensor parallel (on the meta device) → materialise + init → context
+parallel → activation recompute → data parallel (FSDP2 or gradient all-reduce over dp·cp)
+→ pipeline schedule.
 
 Each function takes the piece of the device mesh it needs, so the same code runs any
-``(dp, pp, tp)`` layout, including the degenerate size-1 dimensions.
+``(pp, dp, cp, tp)`` layout, including the degenerate size-1 dimensions.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.errors import TrainerError
 from parsearch.trainers.builtin.model import Transformer, loss_fn
+from parsearch.trainers.builtin.ring_attention import RingCore, chunk_positions
 from parsearch.trainers.builtin.settings import SCHEDULES
 
 
@@ -171,6 +173,19 @@ def make_loss(tp_mesh: DeviceMesh) -> Callable[[torch.Tensor, torch.Tensor], tor
     return loss
 
 
+def apply_cp(module: Transformer, cp_mesh: DeviceMesh) -> None:
+    """Context parallelism: the module is fed this CP rank's two chunks of every sequence
+    (:func:`chunk_positions`) and attends over the others' through ring attention. Every
+    other layer is per token and runs unchanged on the shorter sequence."""
+    if cp_mesh.size() == 1:
+        return
+    module.hold_positions(
+        chunk_positions(module.spec.seq_length, cp_mesh.size(), cp_mesh.get_local_rank())
+    )
+    for block in module.layers.values():
+        block.attention.core = RingCore(cp_mesh.get_group())
+
+
 def apply_recompute(module: Transformer, mode: str) -> None:
     """Activation checkpointing: ``full`` re-runs each whole layer in backward; ``selective``
     re-runs only the attention core (softmax(QKᵀ)V), whose saved state is the
@@ -301,7 +316,7 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterable[list[to
 
 
 def tied_embedding_group(mesh: DeviceMesh, spec: ModelSpec) -> dist.ProcessGroup | None:
-    """The two ranks (first and last pipeline stage, same dp and tp coordinates) that hold a
+    """The two ranks (first and last pipeline stage, same dp, cp and tp coordinates) that hold a
     copy of a tied embedding, as Megatron's "embedding group"; ``None`` when not needed.
 
     With two stages that is the pipeline group itself. (A new group over the same ranks
@@ -315,9 +330,8 @@ def tied_embedding_group(mesh: DeviceMesh, spec: ModelSpec) -> dist.ProcessGroup
         return None
     if pp == 2:
         return mesh["pp"].get_group()
-    grid = mesh.mesh
-    dp_rank, tp_rank = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
-    ranks = [int(grid[dp_rank, 0, tp_rank]), int(grid[dp_rank, pp - 1, tp_rank])]
+    inner = tuple(mesh[name].get_local_rank() for name in ("dp", "cp", "tp"))
+    ranks = [int(mesh.mesh[(0, *inner)]), int(mesh.mesh[(pp - 1, *inner)])]
     return dist.new_group(ranks, use_local_synchronization=True)
 
 

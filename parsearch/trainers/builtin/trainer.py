@@ -6,7 +6,10 @@ from the same weights (see :func:`parsearch.trainers.builtin.model.init_weights`
 same tokens,
 and its loss is the mean token cross-entropy over the global batch, so each micro-batch's
 mean loss is divided by the number of micro-batches (``gas``) and gradients are averaged over
-data-parallel ranks.
+data-parallel and context-parallel ranks (each CP rank's loss is the mean over its equal
+share of every sequence's tokens, and ring attention sends each rank the gradient of its
+K/V from every rank's loss, so the dp·cp average is the global mean's gradient, as in
+Megatron-core).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from parsearch.trainers.builtin.model import Transformer, materialize
 from parsearch.trainers.builtin.parallelize import (
     align_gradients,
     allreduce_gradients,
+    apply_cp,
     apply_ddp,
     apply_fsdp,
     apply_recompute,
@@ -87,9 +91,14 @@ class ParallelJob:
     def __init__(self, spec: TrialSpec, settings: TrainerSettings, device: torch.device) -> None:
         layout, model = spec.layout, spec.model
         self.spec, self.layout, self.device = spec, layout, device
+        # Megatron's rank order, tp-cp-dp-pp innermost first (the estimate's placement).
         self.mesh = init_device_mesh(
-            device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
+            device.type,
+            (layout.pp, layout.dp, layout.cp, layout.tp),
+            mesh_dim_names=("pp", "dp", "cp", "tp"),
         )
+        # Gradients are averaged, and ZeRO shards, over dp·cp (torchtitan's dp_shard_cp).
+        replicas = self.mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else self.mesh["dp"]
         self._loss = make_loss(self.mesh["tp"])
         precision = resolve_precision(settings, device)
         self.param_dtype = torch.bfloat16 if precision == "bf16" else None
@@ -103,15 +112,18 @@ class ParallelJob:
         for stage in self.stages:
             apply_tp(stage, self.mesh["tp"], layout.sequence_parallel)
             materialize(stage, device, spec.seed)
+            apply_cp(stage, self.mesh["cp"])
             apply_recompute(stage, layout.recompute)
             if layout.zero_stage:
-                apply_fsdp(stage, self.mesh["dp"], layout.zero_stage, self.param_dtype)
+                apply_fsdp(stage, replicas, layout.zero_stage, self.param_dtype)
         # What runs forward: the stages, or their DDP wrappers.
         self.modules: list[nn.Module] = list(self.stages)
-        plain_dp = layout.dp > 1 and layout.zero_stage == 0
+        self.replicas = replicas.size()
+        plain_dp = self.replicas > 1 and layout.zero_stage == 0
         self.manual_dp = plain_dp and (layout.tp > 1 or layout.pp > 1)
+        self.dp_group = replicas.get_group()
         if plain_dp and not self.manual_dp:
-            self.modules = [apply_ddp(self.stages[0], self.mesh["dp"])]
+            self.modules = [apply_ddp(self.stages[0], replicas)]
         self.params = list({id(p): p for m in self.stages for p in m.parameters()}.values())
         self.optimizer = torch.optim.AdamW(
             _groups_by_mesh(self.params),
@@ -138,7 +150,9 @@ class ParallelJob:
         rows = layout.mbs * layout.gas
         start = self.mesh["dp"].get_local_rank() * rows
         local = tokens[start : start + rows].to(device)
-        self.inputs, self.targets = local[:, :-1].contiguous(), local[:, 1:].contiguous()
+        # This rank's tokens of each sequence: all, or its CP chunks (see apply_cp).
+        held = self.stages[0].positions
+        self.inputs, self.targets = local[:, :-1][:, held], local[:, 1:][:, held]
 
     def _zero_grads(self) -> None:
         """Zero gradients in place (kept allocated, like Megatron's gradient buffer), one
@@ -180,12 +194,12 @@ class ParallelJob:
                 total = total + loss.detach().float()
         align_gradients(self.params)
         if self.manual_dp:
-            allreduce_gradients(self.params, self.mesh["dp"].get_group())
+            allreduce_gradients(self.params, self.dp_group)
         if self.tied_group is not None:
             sum_tied_embedding_grads(self.stages, self.tied_group)
         self.optimizer.step()
         owns_loss = self.last and self.mesh["tp"].get_local_rank() == 0
-        return total / (layout.gas * layout.dp) if owns_loss else torch.zeros_like(total)
+        return total / (layout.gas * self.replicas) if owns_loss else torch.zeros_like(total)
 
 
 def _groups_by_mesh(params: list[nn.Parameter]) -> list[dict[str, Any]]:
