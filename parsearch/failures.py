@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.launch.oom import first_oom_line
-from parsearch.launch.rank_errors import LAUNCHER_ERRORS
+from parsearch.launch.rank_errors import LAUNCHER_ERRORS, shortened
 from parsearch.result import TrialState
 from parsearch.sanitize import shown, shown_line
 from parsearch.store import TrialRecord
@@ -114,14 +114,14 @@ def _with_nccl_detail(found: str, following: list[str]) -> str:
 def failure_reason(error: str | None, log_tail: str) -> str:
     """The stored error, with the log's last exception when the error only says how a
     process ended; on one line, made safe to show (:mod:`parsearch.sanitize`), cut to
-    ``REASON_CHARS``."""
+    ``REASON_CHARS`` in the middle (the end of a long message says what went wrong)."""
     reason = error or "no reason recorded"
     if error is None or _EXIT_ONLY.search(error):
         cause = _cause(error, shown(log_tail))  # a colour code must not hide it
         if cause and cause not in reason:
             reason = f"{reason}: {cause}" if error else cause
     reason = shown_line(reason)  # a trainer's text: no escape sequence reaches a terminal
-    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+    return shortened(reason, REASON_CHARS)
 
 
 def _cause(error: str | None, log_tail: str) -> str | None:

@@ -29,6 +29,10 @@ ERRORS_DIR = "errors"
 TORCHRUN_DIR = "torchrun"
 LAUNCHER_ERRORS = ("ChildFailedError",)
 MESSAGE_CHARS = 500
+# Of a longer message, the head (the exception's type) and the tail: a message that carries
+# another process's traceback (``ProcessRaisedException: -- Process 1 terminated with the
+# following error: Traceback ...``, a ``RemoteTraceback``) ends with the error that matters.
+MESSAGE_HEAD_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,19 @@ class RankError:
         return self.message.split(":", 1)[0].strip().endswith(LAUNCHER_ERRORS)
 
     def describe(self, with_rank: bool = True) -> str:
-        """``rank 1: RuntimeError: boom`` (cut to :data:`MESSAGE_CHARS`)."""
-        text = " ".join(self.message.split())
-        if len(text) > MESSAGE_CHARS:
-            text = text[: MESSAGE_CHARS - 1] + "…"
+        """``rank 1: RuntimeError: boom``; a message longer than :data:`MESSAGE_CHARS`
+        keeps its head and its tail, the middle cut."""
+        text = shortened(" ".join(self.message.split()), MESSAGE_CHARS)
         return text if self.rank is None or not with_rank else f"rank {self.rank}: {text}"
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: its head (:data:`MESSAGE_HEAD_CHARS`, or a
+    third of a smaller limit) and its tail, joined by `` … ``."""
+    if len(text) <= limit:
+        return text
+    head = min(MESSAGE_HEAD_CHARS, limit // 3)
+    return f"{text[:head]} … {text[len(text) - (limit - head - 3) :]}"
 
 
 def error_file(trial_dir: Path, rank: int) -> Path:
