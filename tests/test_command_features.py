@@ -291,6 +291,24 @@ def test_per_step_loss_next_to_a_summary_rate(tmp_path):
     assert result.metrics["loss"] == pytest.approx(3.7)
 
 
+def test_timed_steps_win_over_a_summary_rate():
+    """The Hugging Face example's shape: a callback's step times and the Trainer's own
+    end-of-run rate, which counts its start-up: the steps decide, their warm-up left out."""
+    patterns = {
+        "step_time_s": r"step_time=([0-9.]+)",
+        "samples_per_s": {"pattern": r"'train_samples_per_second': '?([0-9.]+)", "role": "summary"},
+    }
+    lines = ["step_time=0.9", "step_time=0.2", "step_time=0.2"]
+    scan = parse_lines(
+        [*lines, "{'train_samples_per_second': '2.5'}"], make_parser("regex", patterns)
+    )
+    trial = spec(validate_section({"kind": "command", "command": ["x"]}, "t"))
+    metrics = summarize(scan, trial, warmup_steps=1)
+    assert metrics["step_time_s"] == pytest.approx(0.2), metrics  # not 4 samples / 2.5 per s
+    alone = parse_lines(["{'train_samples_per_second': '2.5'}"], make_parser("regex", patterns))
+    assert summarize(alone, trial, warmup_steps=1)["tokens_per_s"] == pytest.approx(2.5 * SEQ)
+
+
 def test_a_log_where_only_the_memory_pattern_matched_says_so(tmp_path):
     patterns = {"step_time_s": r"step took ([0-9.]+) s", "peak_mem_bytes": r"peak (\d+) B"}
     result, _ = run(spec(regex_trainer(tmp_path, ["peak 1000 B"], patterns)), tmp_path)

@@ -206,6 +206,13 @@ FIGURES: dict[tuple[str, str], Figures] = {
     ("deepspeed-timer-samplespersec-2022.log", "deepspeed example"): Figures(
         [1, 2], {"samples_per_s": 83.48609168106144}, 9.02 * GIB
     ),
+    # The end-of-run dict, values quoted (transformers 5): the run's samples/s, start-up in.
+    ("hf-trainer-end-dict-strings-2026.log", "hf-trainer example"): Figures(
+        [],
+        {},
+        layout={"dp": 1, "mbs": 2, "gas": 4, "seq": 1024},
+        summary={"tokens_per_s": 1.474 * 1024, "step_time_s": 8 / 1.474},
+    ),
     ("hf-trainer-step-dicts-tqdm-2021.log", "hf step dicts"): Figures(
         [1, 2, 3, 4, 5],
         {"step_time_s": 0.6309, "samples_per_s": 57.063},

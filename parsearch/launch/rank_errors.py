@@ -29,10 +29,6 @@ ERRORS_DIR = "errors"
 TORCHRUN_DIR = "torchrun"
 LAUNCHER_ERRORS = ("ChildFailedError",)
 MESSAGE_CHARS = 500
-# Of a longer message, the head (the exception's type) and the tail: a message that carries
-# another process's traceback (``ProcessRaisedException: -- Process 1 terminated with the
-# following error: Traceback ...``, a ``RemoteTraceback``) ends with the error that matters.
-MESSAGE_HEAD_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -56,11 +52,14 @@ class RankError:
 
 
 def shortened(text: str, limit: int) -> str:
-    """``text`` in at most ``limit`` characters: its head (:data:`MESSAGE_HEAD_CHARS`, or a
-    third of a smaller limit) and its tail, joined by `` … ``."""
+    """``text`` in at most ``limit`` characters: two thirds from its head (an exception's type
+    and what it says first: "Tried to allocate 2.00 GiB") and the rest from its tail, joined by
+    `` … ``. The tail matters when a message carries another process's traceback
+    (``ProcessRaisedException: -- Process 1 terminated with the following error: Traceback
+    ...``, a ``RemoteTraceback``): it ends with the error that caused it."""
     if len(text) <= limit:
         return text
-    head = min(MESSAGE_HEAD_CHARS, limit // 3)
+    head = limit * 2 // 3
     return f"{text[:head]} … {text[len(text) - (limit - head - 3) :]}"
 
 
