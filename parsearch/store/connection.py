@@ -272,6 +272,10 @@ class Database:
             example = path / "parsearch.db"
             return f"{path} is a directory; give the store a file name such as {example}"
         if self.readonly and not path.exists():  # a reader creates nothing: say what is missing
+            if not path.parent.exists():
+                return f"no store at {path}: directory {path.parent} does not exist"
+            if not path.parent.is_dir():
+                return f"no store at {path}: {path.parent} is not a directory"
             return f"no store at {path} (has a campaign run there yet?)"
         if not path.parent.exists():
             return f"cannot create store {path}: directory {path.parent} does not exist"
