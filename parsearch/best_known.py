@@ -76,6 +76,11 @@ def model_shape(m: ModelSpec) -> str:
         + (f" ({m.num_kv_heads} kv)" if m.num_kv_heads else "")
         + (f", ffn {m.ffn_hidden_size}" if m.ffn_hidden_size else "")
         + f", vocab {m.vocab_size}, seq {m.seq_length}"
+        + (
+            f", {m.moe.num_experts} experts top-{m.moe.top_k} (ffn {m.moe.expert_ffn_hidden_size})"
+            if m.moe
+            else ""
+        )
     )
 
 

@@ -22,6 +22,49 @@ Precision = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts part of a model (Megatron-core's MoE arguments).
+
+    ``num_experts`` routed experts, ``top_k`` of them per token, each a SwiGLU FFN of
+    width ``expert_ffn_hidden_size``; ``shared_expert_ffn_hidden_size`` (0: none) is the
+    width of the shared experts every token also passes (DeepSeek's, summed). A layer is
+    MoE when its index ``i`` (0-based) is at least ``first_dense_layers`` and ``i %
+    layer_freq == 0`` (Megatron's ``--moe-layer-freq``; DeepSeek-V3's first three dense
+    layers); the others keep the model's dense FFN. ``capacity_factor`` ``None`` is
+    dropless routing, else each expert takes at most ``capacity_factor · tokens·k/E``.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    shared_expert_ffn_hidden_size: int = 0
+    layer_freq: int = 1
+    first_dense_layers: int = 0
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_freq"):
+            if getattr(self, name) < 1:
+                raise LayoutError(f"model.moe.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("shared_expert_ffn_hidden_size", "first_dense_layers"):
+            if getattr(self, name) < 0:
+                raise LayoutError(f"model.moe.{name} must be >= 0, got {getattr(self, name)}")
+        if self.top_k > self.num_experts:
+            raise LayoutError(
+                f"model.moe.top_k ({self.top_k}) must be at most model.moe.num_experts "
+                f"({self.num_experts})"
+            )
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise LayoutError(
+                f"model.moe.capacity_factor must be > 0 (or left out: dropless), got "
+                f"{self.capacity_factor}"
+            )
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index >= self.first_dense_layers and index % self.layer_freq == 0
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape of a decoder-only transformer.
 
@@ -39,8 +82,11 @@ class ModelSpec:
     num_kv_heads: int | None = None
     arch: Arch = "gpt"
     name: str = "model"
+    moe: MoESpec | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # from a TrialSpec's or a store's JSON
+            object.__setattr__(self, "moe", MoESpec(**self.moe))
         for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "seq_length"):
             if getattr(self, name) < 1:
                 raise LayoutError(f"model.{name} must be >= 1, got {getattr(self, name)}")
@@ -75,6 +121,13 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def moe_layers(self) -> int:
+        """How many of the layers are MoE layers (0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        return sum(self.moe.is_moe_layer(i) for i in range(self.num_layers))
 
 
 @dataclass(frozen=True)
@@ -181,6 +234,9 @@ def _dimension(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
 class ParallelLayout:
     """One point of the search: how a training step is split over ``tp*cp*pp*dp`` ranks.
 
+    ``ep`` and ``etp`` split a mixture-of-experts model's experts over the same ranks
+    (Megatron's folding: they use no ranks of their own).
+
     ``gas`` is the number of micro-batches per step per data-parallel replica; it is also the
     number of micro-batches the pipeline schedule sees. ``cp`` splits every sequence over
     that many ranks (context parallelism, ring attention); ranks are ordered tp-cp-dp-pp,
@@ -258,6 +314,22 @@ class ParallelLayout:
         order=20,
         keyed_at_default=False,
         help="context-parallel size: each sequence split over cp ranks (ring attention)",
+    )
+    ep: int = _dimension(
+        1,
+        kind="int",
+        token="ep",
+        order=24,
+        keyed_at_default=False,
+        help="expert-parallel size: the routed experts split over ep ranks (MoE models)",
+    )
+    etp: int = _dimension(
+        1,
+        kind="int",
+        token="etp",
+        order=26,
+        keyed_at_default=False,
+        help="expert tensor-parallel size: 1 or tp (MoE models)",
     )
 
     @property
@@ -368,6 +440,7 @@ def layout_violations(
     if layout.sequence_parallel and layout.tp == 1:
         problems.append("sequence_parallel needs tp > 1")
     problems.extend(_sequence_split_violations(layout, model))
+    problems.extend(_expert_violations(layout, model))
     if layout.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage must be 0, 1, 2 or 3 (got {layout.zero_stage})")
     if layout.zero_stage and layout.dp * layout.cp == 1:
@@ -399,6 +472,35 @@ def _sequence_split_violations(layout: ParallelLayout, model: ModelSpec) -> list
         parts.append(f"tp {layout.tp}")
     what = " times ".join(parts)
     return [f"seq_length {model.seq_length} not divisible by {what} (= {split})"]
+
+
+def _expert_violations(layout: ParallelLayout, model: ModelSpec) -> list[str]:
+    """Megatron-core's "parallel folding": per pipeline stage the experts' etp·ep·edp ranks
+    are the attention's tp·cp·dp, so etp·ep must divide tp·cp·dp (edp is the rest); ep must
+    divide the routed experts; expert TP is 1 or the attention's tp."""
+    if model.moe is None:
+        return [
+            f"{name} > 1 needs a mixture-of-experts model (model.moe)"
+            for name in ("ep", "etp")
+            if getattr(layout, name) > 1
+        ]
+    moe, problems = model.moe, []
+    if moe.num_experts % layout.ep:
+        problems.append(f"num_experts {moe.num_experts} not divisible by ep {layout.ep}")
+    if layout.etp not in (1, layout.tp):
+        problems.append(f"etp must be 1 or tp ({layout.tp}), got {layout.etp}")
+    if moe.expert_ffn_hidden_size % layout.etp:
+        problems.append(
+            f"expert_ffn_hidden_size {moe.expert_ffn_hidden_size} not divisible by etp {layout.etp}"
+        )
+    attention_ranks = layout.tp * layout.cp * layout.dp
+    if attention_ranks % (layout.etp * layout.ep):
+        problems.append(
+            f"etp*ep = {layout.etp}*{layout.ep} does not divide tp*cp*dp = "
+            f"{layout.tp}*{layout.cp}*{layout.dp} (Megatron's expert folding: "
+            "etp*ep*edp = tp*cp*dp per pipeline stage)"
+        )
+    return problems
 
 
 def check_layout(

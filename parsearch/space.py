@@ -25,6 +25,7 @@ from parsearch.config import (
     LAYOUT_DIMENSIONS,
     AllocationSpec,
     ModelSpec,
+    MoESpec,
     ParallelLayout,
     layout_violations,
 )
@@ -60,6 +61,7 @@ _TOP_KEYS = (
     "exclude",
 )
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)}
+_MOE_KEYS = {f.name for f in fields(MoESpec)}
 _ALLOCATION_KEYS = (
     "name",
     "nodes",
@@ -477,14 +479,39 @@ class _Reader:
         for key, item in data.items():
             if key in ("name", "arch"):
                 kwargs[key] = str(item)
-            elif item is None and key in ("ffn_hidden_size", "num_kv_heads"):
+            elif item is None and key in ("ffn_hidden_size", "num_kv_heads", "moe"):
                 continue
+            elif key == "moe":
+                kwargs[key] = self.moe(item)
             else:
                 kwargs[key] = self.positive_int(item, f"model.{key}")
         try:
             return ModelSpec(**kwargs)
         except LayoutError as error:
             raise self.error("model", str(error)) from None
+
+    def moe(self, value: Any) -> MoESpec:
+        data = self.mapping(
+            value,
+            "model.moe",
+            _MOE_KEYS,
+            required=("num_experts", "top_k", "expert_ffn_hidden_size"),
+        )
+        kwargs: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"model.moe.{key}"
+            if key == "capacity_factor":
+                kwargs[key] = None if item is None else self.positive_number(item, where)
+            elif key in ("shared_expert_ffn_hidden_size", "first_dense_layers"):
+                if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+                    raise self.error(where, f"must be an integer >= 0, got {item!r}")
+                kwargs[key] = item
+            else:
+                kwargs[key] = self.positive_int(item, where)
+        try:
+            return MoESpec(**kwargs)
+        except LayoutError as error:
+            raise self.error("model.moe", str(error)) from None
 
     def allocation(self, value: Any) -> AllocationSpec:
         data = self.mapping(

@@ -5,6 +5,7 @@ import pytest
 from parsearch.config import (
     AllocationSpec,
     ModelSpec,
+    MoESpec,
     ParallelLayout,
     check_layout,
     layout_violations,
@@ -52,6 +53,36 @@ def test_each_rule_is_reported(layout, world, global_batch, fragment):
     assert any(fragment in problem for problem in problems), problems
     with pytest.raises(LayoutError, match="invalid"):
         check_layout(layout, GPT, world, global_batch)
+
+
+MOE = ModelSpec(
+    num_layers=4, hidden_size=64, num_heads=4, vocab_size=100, seq_length=32, arch="llama",
+    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=48, first_dense_layers=1),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "model", "world", "fragment"),
+    [
+        (ParallelLayout(1, 1, 2, 1, 1, ep=2), GPT, 2, "ep > 1 needs a mixture-of-experts"),
+        (ParallelLayout(2, 1, 1, 1, 1, etp=2), GPT, 2, "etp > 1 needs a mixture-of-experts"),
+        (ParallelLayout(1, 1, 2, 1, 1, ep=16), MOE, 2, "num_experts 8 not divisible by ep 16"),
+        (ParallelLayout(4, 1, 1, 1, 1, etp=2), MOE, 4, "etp must be 1 or tp (4), got 2"),
+        (ParallelLayout(2, 1, 2, 1, 1, ep=8, etp=2), MOE, 4, "etp*ep = 2*8 does not divide"),
+        (ParallelLayout(1, 1, 1, 1, 1, cp=2, ep=4), MOE, 2, "tp*cp*dp = 1*2*1"),
+    ],
+)
+def test_expert_rules_fold_into_the_attention_ranks(layout, model, world, fragment):
+    problems = layout_violations(layout, model, world)
+    assert any(fragment in problem for problem in problems), problems
+
+
+def test_experts_fold_into_tp_cp_and_dp_without_ranks_of_their_own():
+    assert layout_violations(ParallelLayout(2, 1, 2, 1, 1, ep=4, etp=1), MOE, 4) == []
+    assert layout_violations(ParallelLayout(1, 1, 2, 1, 1, cp=2, ep=4), MOE, 4) == []
+    assert MOE.moe_layers == 3
+    spec = TrialSpec("t", MOE, ParallelLayout(1, 1, 2, 1, 1, ep=2), AllocationSpec(1, 2, 1, 1e12))
+    assert TrialSpec.from_dict(spec.to_dict()).model == MOE
 
 
 def test_gqa_kv_heads_must_divide_by_tp():

@@ -36,7 +36,7 @@ def layouts() -> list[ParallelLayout]:
 
 def test_declarations_match_the_layout_fields_in_display_order():
     assert set(DIMENSIONS_BY_NAME) == set(ParallelLayout.__dataclass_fields__)
-    assert [d.name for d in LAYOUT_DIMENSIONS][:4] == ["tp", "cp", "pp", "dp"]
+    assert [d.name for d in LAYOUT_DIMENSIONS][:6] == ["tp", "cp", "ep", "etp", "pp", "dp"]
     assert set(DIMENSIONS) == set(DIMENSIONS_BY_NAME) - {"dp"}
 
 

@@ -117,6 +117,29 @@ def test_fixed_global_batch_derives_gas():
         ({"search__cp": [1, 3, 32]}, "search.cp", "cp 3, 32 cannot split seq_length 32"),
         ({"search__cp": [1, 3, 32]}, "search.cp", "valid values up to 32: 1, 2, 4, 8, 16"),
         ({"search__cp": [0, 2]}, "search.cp", "integers >= 1"),
+        ({"model__moe": {"num_experts": 8}}, "model.moe.top_k", "required"),
+        (
+            {"model__moe": {"num_experts": 8, "top_k": 9, "expert_ffn_hidden_size": 8}},
+            "model.moe",
+            "top_k (9) must be at most model.moe.num_experts (8)",
+        ),
+        (
+            {"model__moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 8}},
+            "model.moe.expert_ffn",
+            "did you mean 'expert_ffn_hidden_size'",
+        ),
+        (
+            {
+                "model__moe": {
+                    "num_experts": 8,
+                    "top_k": 2,
+                    "expert_ffn_hidden_size": 8,
+                    "capacity_factor": 0,
+                }
+            },
+            "model.moe.capacity_factor",
+            "positive",
+        ),
         ({"objective": "speed"}, "objective", "tokens_per_s"),
         ({"trainer": {"kind": "magic"}}, "trainer.kind", "builtin"),
         ({"trainer": {"steps": 0}}, "trainer.steps", "positive"),
