@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from parsearch.config import LAYOUT_DIMENSIONS
 from parsearch.store import open_store
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stores"
@@ -48,7 +49,7 @@ def test_every_stored_layout_keeps_the_key_it_was_stored_under(old_store):
     assert len(records) == 8 and all("cp" not in r.config for r in records), records
     changed = [(r.number, r.key, r.layout.key()) for r in records if r.layout.key() != r.key]
     assert not changed, f"(trial, stored key, key now): {changed}"
-    assert all(r.layout.cp == 1 for r in records)
+    assert all(r.layout.cp == r.layout.ep == r.layout.etp == 1 for r in records)
 
 
 @pytest.mark.e2e
@@ -58,7 +59,9 @@ def test_best_is_unchanged_and_a_resume_runs_no_layout_again(old_store):
     assert best.returncode == 0, best.stderr
     now = json.loads(best.stdout)
     assert now["trial"] == before["trial"] and now["objective"] == before["objective"], now
-    assert now["layout"] == {**before["layout"], "cp": 1}, now["layout"]
+    added = {d.name: d.default for d in LAYOUT_DIMENSIONS if d.name not in before["layout"]}
+    assert set(added) >= {"cp"}, added
+    assert now["layout"] == {**before["layout"], **added}, now["layout"]
 
     first = {r.number: (r.key, r.state, r.objective, r.started_at) for r in stored(old_store)}
     resumed = cli("resume", "--store", str(old_store), "--budget", "12", "--quiet")
