@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import parsearch.store.schema as schema
-from parsearch.errors import StoreError
+from parsearch.errors import StoreError, StoreUnavailableError
 from parsearch.store.connection import Database
 from parsearch.store.sqlite import SQLiteStore
 
@@ -202,24 +202,47 @@ class PostgresDatabase(Database):
         self.timeout_s = timeout_s
         self.path = shown_url(url)
         self._lock = threading.RLock()
+        self._url = url
         try:
-            self._conn = psycopg.connect(
-                url, autocommit=True, connect_timeout=max(1, round(timeout_s))
-            )
-        except psycopg.Error as exc:
+            self._conn = self._session()
+        except psycopg.OperationalError as exc:
             raise StoreError(
                 f"cannot connect to store {self.path}: {str(exc).strip()}; check that the "
                 "server runs and the URL's user, host and database"
             ) from None
-        try:
-            self._conn.execute(f"SET lock_timeout = '{int(timeout_s * 1000)}ms'")
-            if readonly:
-                self._conn.execute("SET default_transaction_read_only = on")
         except psycopg.Error as exc:
-            self._conn.close()
             raise self.error(exc, "opening it") from exc
 
+    def _session(self) -> psycopg.Connection[Any]:
+        """A new connection with the store's session settings: the first one, and each one
+        after the server dropped the last (a restart, a failover)."""
+        conn = self._psycopg.connect(
+            self._url, autocommit=True, connect_timeout=max(1, round(self.timeout_s))
+        )
+        try:
+            conn.execute(f"SET lock_timeout = '{int(self.timeout_s * 1000)}ms'")
+            if self.readonly:
+                conn.execute("SET default_transaction_read_only = on")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _begin(self, write: bool) -> None:
+        """Begin on a live connection: a lost one is opened again (once more if it breaks at
+        ``BEGIN``: the server restarted while it was idle); a failure to reconnect is an
+        :class:`~parsearch.errors.StoreUnavailableError` that the driver retries."""
+        if self._conn.closed:
+            self._conn = self._session()
+        try:
+            self._begin_on_connection(write)
+        except self._psycopg.OperationalError:
+            if not self._conn.closed:
+                raise
+            self._conn = self._session()
+            self._begin_on_connection(write)
+
+    def _begin_on_connection(self, write: bool) -> None:
         """A write takes the store's write lock (one writer at a time, as SQLite's ``BEGIN
         IMMEDIATE``), waiting up to ``timeout_s``; a read sees one snapshot."""
         if write:
@@ -254,7 +277,7 @@ class PostgresDatabase(Database):
         if isinstance(exc, errors.UniqueViolation):
             return StoreError(f"store {where}: {action} would record a row twice ({exc})")
         if isinstance(exc, self._psycopg.OperationalError):
-            return StoreError(
+            return StoreUnavailableError(
                 f"lost the connection to store {where} while {action} ({str(exc).strip()}); "
                 "nothing of it was written; check the server and run the command again"
             )
