@@ -532,21 +532,24 @@ class Driver:
             if item.result.status is not TrialState.INTERRUPTED
         ]
         self._interrupted_outside += len(self.unwritten) - len(kept)
-        lasted = f"the store was unreachable for {self.outage.lasted_s:.0f} s ({self.outage.error})"
+        lasted = (
+            f"the store was unreachable for {self.outage.lasted_s:.0f} s; its last error: "
+            f"{self.outage.error}"
+        )
         if not kept:
-            self.detail = f"{lasted}; every finished result was written"
+            self.detail = f"every finished result was written; {lasted}"
             return
         try:
             path = keep(self.store, self.campaign, kept)
         except OSError as error:
             self.detail = (
-                f"{lasted}; {len(kept)} finished result(s) could not be written, nor kept in "
-                f"a file ({error}): they are lost, and their layouts run again"
+                f"{len(kept)} finished result(s) could not be written, nor kept in a file "
+                f"({error}): they are lost, and their layouts run again\n{lasted}"
             )
             return
         self.detail = (
-            f"{lasted}; {len(kept)} finished result(s) could not be written and are kept in "
-            f"{path}: `parsearch resume` records them without running them again"
+            f"{len(kept)} finished result(s) could not be written and are kept in {path}: "
+            f"`parsearch resume` records them without running them again\n{lasted}"
         )
 
     def _timed_out(self) -> bool:

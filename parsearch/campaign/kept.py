@@ -78,7 +78,11 @@ def record_kept(store: Store, campaign: Campaign) -> tuple[int, Path | None]:
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
-        item = json.loads(line)
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            others.append(line)  # cut short (a full disk): left for a person to look at
+            continue
         if item.get("store") != str(store.path) or item.get("campaign") != campaign.name:
             others.append(line)
             continue
