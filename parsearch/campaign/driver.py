@@ -119,6 +119,7 @@ class _Unwritten:
     objective: float | None = None
     judged: bool = False  # infeasible by the rules: not a run, no crash to count
     written: bool = False  # an interrupted trial's outcome is, its re-queuing is not yet
+    tried: bool = False  # a write failed: its commit may have reached the store all the same
 
 
 class Driver:
@@ -275,7 +276,17 @@ class Driver:
             self.strategy.finished(told)
 
     def _write_finished(self, item: _Unwritten) -> tuple[TrialRecord, TrialResult]:
-        record = self._stored(self.store.finish_trial, item.record.id, item.result, item.objective)
+        """Record one result; after a failed try, first look whether that try's commit
+        reached the store although its answer did not (the connection dropped in between):
+        then it is not written twice, which the store would refuse."""
+        record = None
+        if item.tried:
+            record = self._stored(self.store.get_trial, item.record.id)
+        if record is None or not record.state.finished:
+            item.tried = True
+            record = self._stored(
+                self.store.finish_trial, item.record.id, item.result, item.objective
+            )
         self._count(record)
         if not item.judged:
             self.crashes.add(record)
@@ -287,14 +298,22 @@ class Driver:
     def _write_interrupted(self, item: _Unwritten) -> None:
         """A trial stopped from outside (the job ending kills every process of its step) is
         no outcome of its layout: it is neither counted nor told, and runs again, now or
-        when the campaign continues."""
-        if not item.written:
+        when the campaign continues. After a failed try, as :meth:`_write_finished`: a
+        step whose commit reached the store is not made again."""
+        state = None
+        if item.tried:
+            state = self._stored(self.store.get_trial, item.record.id).state
+        item.tried = True
+        if state in (None, TrialState.QUEUED, TrialState.RUNNING) and not item.written:
             self._stored(self.store.finish_trial, item.record.id, item.result, None)
-            item.written = True
+            state = TrialState.INTERRUPTED
+        item.written = True
         if self.stop.requested:
             self._interrupted_outside += 1
-        else:
+        elif state is TrialState.INTERRUPTED:
             self.queue.append(self._stored(self.store.requeue, item.record.id))
+        else:  # re-queued by the try whose answer was lost
+            self.queue.append(self._stored(self.store.get_trial, item.record.id))
 
     def _poll(self, timeout_s: float) -> list[Finished]:
         """The backend's finished trials; an exception it raises there (a bug, a lost
