@@ -20,9 +20,12 @@ import pytest
 from trials_seen import trials_seen
 
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
+from parsearch.campaign.kept import KeptResult, keep, record_kept
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.session import CampaignSettings, _Parts
+from parsearch.config import ParallelLayout
 from parsearch.errors import StoreError
+from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space
 from parsearch.store import SQLiteStore, TrialRecord, open_store
 
@@ -124,6 +127,7 @@ def test_past_the_outage_limit_the_driver_drains_and_resume_records_what_it_kept
     finished = [t for t in after.values() if t.state.finished]
     assert len(finished) == BUDGET and len({t.key for t in after.values()}) == len(after)
     assert not kept_file.exists(), "every kept line was recorded"
+    assert f"recorded {len(kept)} finished result(s)" in err, err
 
 
 def test_an_sqlite_store_locked_past_its_busy_timeout_is_retried(tmp_path):
@@ -182,3 +186,29 @@ print("locked", flush=True)
 time.sleep(2.0)
 conn.execute("ROLLBACK")
 """
+
+
+def test_resume_records_only_what_the_store_still_holds_unfinished(tmp_path):
+    """A kept line for a trial finished meanwhile (its commit landed, its answer was lost)
+    is dropped, not recorded twice; a line of another store stays in the file."""
+    db = tmp_path / "c.db"
+    with open_store(db) as store:
+        campaign = store.create_campaign("kept", {}, settings={"launch_dir": str(tmp_path)})
+        owner = "test-driver"
+        store.acquire_lease(campaign.id, owner, stale_after_s=30.0)
+        trials = []
+        for gas in (1, 2):
+            trial = store.add_trial(campaign.id, ParallelLayout(tp=1, pp=1, dp=1, mbs=1, gas=gas))
+            trials.append(store.mark_running(trial.id, ["n0"], attempt=1))
+        results = [TrialResult(TrialState.OK, {"tokens_per_s": 10.0 * n}) for n in (1, 2)]
+        pairs = zip(trials, results, strict=True)
+        kept = [KeptResult(t, r, r.metrics["tokens_per_s"]) for t, r in pairs]
+        path = keep(store, campaign, kept)
+        store.finish_trial(trials[1].id, results[1], 20.0)  # the lost answer's commit
+        foreign = json.dumps({"store": "/elsewhere.db", "campaign": "kept", "trial_id": 1})
+        with open(path, "a") as file:
+            file.write(foreign + "\n")
+        assert record_kept(store, campaign) == (1, path)
+        seen = [(t.state, t.objective, t.attempt) for t in store.trials(campaign.id)]
+    assert seen == [(TrialState.OK, 10.0, 1), (TrialState.OK, 20.0, 1)], seen
+    assert path.read_text() == foreign + "\n"

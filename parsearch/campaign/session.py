@@ -481,9 +481,10 @@ def _session(
         stack.callback(parts.close)
         recorded, kept_file = record_kept(store, campaign)
         if recorded:
-            progress.message(
-                f"recorded {recorded} result(s) an earlier session could not write, from "
-                f"{kept_file}"
+            print(
+                f"note: recorded {recorded} finished result(s) that an earlier session could "
+                f"not write to the store, from {kept_file}",
+                file=sys.stderr,
             )
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
