@@ -29,8 +29,6 @@ from parsearch.result import TrialResult, TrialState
 from parsearch.space import load_space
 from parsearch.store import SQLiteStore, TrialRecord, open_store
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
 ROOT = Path(__file__).parent.parent
 GPT175 = str(ROOT / "search_spaces" / "gpt-175b-frontier.yaml")
 BUDGET = 14
@@ -76,6 +74,8 @@ def _check_once_each(trials: list[TrialRecord], budget: int) -> None:
     assert all(t.attempt == 1 for t in trials), trials_seen(trials)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("down_s", [0.0, 10.0], ids=["restart", "stopped-10s"])
 def test_a_server_restart_mid_campaign_loses_and_repeats_nothing(
@@ -92,6 +92,8 @@ def test_a_server_restart_mid_campaign_loses_and_repeats_nothing(
     assert not list(tmp_path.glob("parsearch-unwritten-*")), "nothing needed keeping"
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_past_the_outage_limit_the_driver_drains_and_resume_records_what_it_kept(
     postgres_server, postgres_url, tmp_path
@@ -130,6 +132,7 @@ def test_past_the_outage_limit_the_driver_drains_and_resume_records_what_it_kept
     assert f"recorded {len(kept)} finished result(s)" in err, err
 
 
+@pytest.mark.slow
 def test_an_sqlite_store_locked_past_its_busy_timeout_is_retried(tmp_path):
     """Another process holds the file's write lock for 2 s, ten times the store's busy
     timeout: the driver's writes fail meanwhile, and it goes on when the lock is free."""
