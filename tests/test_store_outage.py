@@ -133,20 +133,25 @@ def test_past_the_outage_limit_the_driver_drains_and_resume_records_what_it_kept
 
 
 @pytest.mark.slow
-def test_an_sqlite_store_locked_past_its_busy_timeout_is_retried(tmp_path):
+@pytest.mark.parametrize("after", [0, 3], ids=["before-any-trial", "mid-campaign"])
+def test_an_sqlite_store_locked_past_its_busy_timeout_is_retried(tmp_path, after):
     """Another process holds the file's write lock for 2 s, ten times the store's busy
-    timeout: the driver's writes fail meanwhile, and it goes on when the lock is free."""
+    timeout, from the start (the first writes are of new trials, none runs) or once
+    ``after`` trials finished: the driver's writes fail meanwhile, and it goes on when the
+    lock is free."""
     db = tmp_path / "c.db"
     space = load_space(GPT175)
     settings = CampaignSettings(backend="simulate", slots=2, backend_options={"delay": "0.2"})
     parts = _Parts.build(space, settings, seed=0)
     store = SQLiteStore(db, timeout_s=0.2)
     campaign = store.create_campaign("locked", space.raw, budget=BUDGET, backend="simulate")
-    locker = threading.Thread(target=_hold_write_lock, args=(db, store, campaign.id))
-    locker.start()
+    locker = threading.Thread(target=_hold_write_lock, args=(db, after, started := []))
     try:
         with store, Lease(store, campaign.id, stale_after_s=30.0) as lease:
             parts.strategy.start([], budget=BUDGET)
+            locker.start()  # the session's own start (its lease) is not what is tested
+            while after == 0 and not started:
+                time.sleep(0.01)
             driver = Driver(
                 store=store,
                 campaign=campaign,
@@ -160,24 +165,28 @@ def test_an_sqlite_store_locked_past_its_busy_timeout_is_retried(tmp_path):
             trials = store.trials(campaign.id)
     finally:
         parts.close()
-        locker.join()
+        if locker.is_alive():
+            locker.join()
     assert outcome is Outcome.BUDGET, driver.detail
     assert driver.outage_s >= 1.0, "the lock was held while the driver wrote"
     _check_once_each(trials, BUDGET)
 
 
-def _hold_write_lock(db: Path, store: SQLiteStore, campaign_id: int) -> None:
-    """Once three trials are finished, hold the write lock for 2 s from another process."""
+def _hold_write_lock(db: Path, after: int, started: list[bool]) -> None:
+    """Once ``after`` trials are finished, hold the write lock for 2 s from another
+    process; ``started`` gets an item once it holds it."""
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if sum(n for state, n in store.counts(campaign_id).items() if state.finished) >= 3:
-            break
+    while after and time.monotonic() < deadline:
+        with open_store(db, readonly=True) as reader:  # its own connection, 30 s timeout
+            if sum(t.state.finished for t in reader.trials(reader.get_campaign().id)) >= after:
+                break
         time.sleep(0.02)
     holder = subprocess.Popen(
         [sys.executable, "-c", _LOCKER, str(db)], stdout=subprocess.PIPE, text=True
     )
     assert holder.stdout is not None
     assert holder.stdout.readline().strip() == "locked"
+    started.append(True)
     holder.wait(timeout=30)
 
 

@@ -215,6 +215,8 @@ class Driver:
                 self._wait_for_store()
                 continue
             exhausted = self._dispatch()
+            if self.outage.active:
+                continue  # a write failed there: wait for the store, not for room
             if not self.running:
                 if self._awaiting_room(exhausted):
                     continue
@@ -242,10 +244,14 @@ class Driver:
 
     def _store_ready(self) -> bool:
         """Whether the store takes writes: every waiting result written now. False while
-        an outage lasts (until its next try, or when that try fails)."""
+        an outage lasts (until its next try, or when that try fails); with no result to
+        write, the lease's heartbeat is the try."""
         if self.outage.due_in_s() > 0:
             return False
         self._flush()
+        if self.outage.active and not self.unwritten:
+            with contextlib.suppress(StoreUnavailableError):
+                self._stored(self.store.heartbeat, self.campaign.id, self.lease.owner)
         return not self.outage.active
 
     def _wait_for_store(self) -> None:
