@@ -86,8 +86,9 @@ chain_check_store() {
         CAMPAIGN_DIR=${CAMPAIGN_DIR:-$(dirname "${store}")}
     fi
     [[ ${CAMPAIGN_DIR} == /* ]] || CAMPAIGN_DIR=${PWD}/${CAMPAIGN_DIR} # successors start here too
-    mkdir -p "${CAMPAIGN_DIR}" && [[ -w ${CAMPAIGN_DIR} ]] ||
+    if ! { mkdir -p "${CAMPAIGN_DIR}" && [[ -w ${CAMPAIGN_DIR} ]]; }; then
         chain_fail "CAMPAIGN_DIR=${CAMPAIGN_DIR}: cannot create or write it"
+    fi
     # The finished campaign's report: beside a file store, as ever (x.db: x-report/); for a
     # server, one directory per campaign in CAMPAIGN_DIR.
     if [[ -z ${REPORT_DIR:-} ]]; then
@@ -251,8 +252,9 @@ chain_run() {
     elif SUCCESSOR=$("${SCHEDULER}"_existing_successor) && [[ -n ${SUCCESSOR} ]]; then
         echo "parsearch: requeued; the successor ${SUCCESSOR} is already queued"
     else
-        SUCCESSOR=$("${SCHEDULER}"_submit_successor) && [[ -n ${SUCCESSOR} ]] ||
+        if ! { SUCCESSOR=$("${SCHEDULER}"_submit_successor) && [[ -n ${SUCCESSOR} ]]; }; then
             chain_fail "could not submit the successor"
+        fi
         echo "parsearch: successor ${SUCCESSOR} queued (starts after this job ends)"
     fi
 

@@ -11,7 +11,12 @@ exception line (``torch.OutOfMemoryError: ...``, also after a prefix such as pyt
 ``FAILED ... - torch.distributed.DistBackendError: ...``), or, where a rank died without
 one, NCCL's watchdog timeout, a fatal signal (``Signal 11 (SIGSEGV) received by PID``,
 ``Fatal Python error: Segmentation fault``, torchrun's ``failed (exitcode: -11)``) or the
-driver's ``fallen off the bus`` / ``Xid``. Lines that only follow a failure are not causes:
+driver's ``fallen off the bus`` / ``Xid``, ROCm's ``Memory access fault by GPU node-N ...``
+(a GPU page fault, followed only by ``Aborted``) or c10d's ``recvValue failed on SocketImpl(...):
+Connection reset by peer`` (the TCPStore's host went away). NCCL's generic text for its error
+code (``ncclSystemError: System call ...``) is not the cause either: the ``NCCL error in: ...``
+line above it is, with the ``Last error:`` detail below it (``socketStartConnect: Connect to
+... failed : No route to host``). Lines that only follow a failure are not causes:
 C++ ``Exception raised from ...`` stack headers, the watchdog's ``Exception (either an error
 or timeout) detected``, and torchrun's own ``ChildFailedError`` (used only when nothing else
 is there).
@@ -24,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parsearch.launch.oom import first_oom_line
-from parsearch.launch.rank_errors import LAUNCHER_ERRORS
+from parsearch.launch.rank_errors import LAUNCHER_ERRORS, shortened
 from parsearch.result import TrialState
 from parsearch.sanitize import shown, shown_line
 from parsearch.store import TrialRecord
@@ -45,7 +50,16 @@ _FATAL = re.compile(
     r"|Fatal Python error: .*"
     r"|failed \(exitcode: -\d+\) local_rank: \d+.*"
     r"|NVRM: Xid .*|NVRM: fallen off the bus.*"
+    r"|Memory access fault by GPU node-\d+ .*"
+    r"|recv\w* failed on SocketImpl\(.*"
 )
+# NCCL's fixed text for an error code (ncclSystemError, ncclInternalError, ...), printed on
+# the line after the exception's; its "Last error:" line is followed by what went wrong.
+_NCCL_CODE = re.compile(r"nccl\w+Error")
+_NCCL_DETAIL = "Last error:"
+_NCCL_DETAIL_LINES = 4
+# Addresses and handles (0x55e92f082620) differ between trials that failed alike.
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
 # An error that ends by saying how a process ended (no recorded error after it).
 _EXIT_ONLY = re.compile(
     r"(exited with code -?\d+|was killed by [^:]*|did not exit|ran out of memory)$"
@@ -68,14 +82,17 @@ def last_exception(log_tail: str) -> str | None:
     any: an exception line, else a fatal line; a launcher's ``ChildFailedError`` only when
     the tail has nothing else."""
     launcher = None
-    for line in reversed(log_tail.splitlines()):
-        text = line.strip()
+    lines = log_tail.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        text = lines[index].strip()
         match = _EXCEPTION.search(text)
         if match:
             name = match.group(1) or match.group(2)
+            if _NCCL_CODE.fullmatch(name):
+                continue
             found = (name + match.group(3)).strip()
             if not name.endswith(LAUNCHER_ERRORS):
-                return found
+                return _with_nccl_detail(found, lines[index + 1 : index + _NCCL_DETAIL_LINES])
             launcher = launcher or found
             continue
         fatal = _FATAL.search(text)
@@ -84,17 +101,27 @@ def last_exception(log_tail: str) -> str | None:
     return launcher
 
 
+def _with_nccl_detail(found: str, following: list[str]) -> str:
+    """An NCCL error line with the detail NCCL printed after ``Last error:``, if any."""
+    if "NCCL error" not in found:
+        return found
+    for index, line in enumerate(following[:-1]):
+        if line.strip() == _NCCL_DETAIL and following[index + 1].strip():
+            return f"{found}: {following[index + 1].strip()}"
+    return found
+
+
 def failure_reason(error: str | None, log_tail: str) -> str:
     """The stored error, with the log's last exception when the error only says how a
     process ended; on one line, made safe to show (:mod:`parsearch.sanitize`), cut to
-    ``REASON_CHARS``."""
+    ``REASON_CHARS`` in the middle (the end of a long message says what went wrong)."""
     reason = error or "no reason recorded"
     if error is None or _EXIT_ONLY.search(error):
         cause = _cause(error, shown(log_tail))  # a colour code must not hide it
         if cause and cause not in reason:
             reason = f"{reason}: {cause}" if error else cause
     reason = shown_line(reason)  # a trainer's text: no escape sequence reaches a terminal
-    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+    return shortened(reason, REASON_CHARS)
 
 
 def _cause(error: str | None, log_tail: str) -> str | None:
@@ -110,8 +137,8 @@ def _cause(error: str | None, log_tail: str) -> str | None:
 
 def reason_key(reason: str) -> str:
     """What two failures must share to read alike: the reason with its numbers (a rank, a
-    size, a port) left out."""
-    return _NUMBER.sub("#", reason)
+    size, a port, an address) left out."""
+    return _NUMBER.sub("#", _HEX.sub("#", reason))
 
 
 def group_failures(records: Iterable[TrialRecord]) -> list[FailureGroup]:

@@ -144,6 +144,7 @@ on_node() {
     shift
     # nsenter, not `ip netns exec`: the latter remounts /sys, which hides the cgroup
     # hierarchy slurmd needs.
+    # shellcheck disable=SC2016  # $1, $2 and $@ are the inner bash's arguments, not ours
     nsenter --net="/run/netns/${PREFIX}-n${k}" unshare --uts --mount --propagation private \
         bash -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \
         on_node "${dir}/hosts" "n${k}" "$@"

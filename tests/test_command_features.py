@@ -122,6 +122,31 @@ def test_memory_is_measured_by_parsearch_and_capped_without_a_report(tmp_path):
     assert result.metrics["peak_mem_bytes"] == max(reported, measured)
 
 
+# A light rank that runs a child (HUNGRY, allocating 150 MiB) under the name in argv[1], as
+# DeepSpeed runs ninja and g++ (cc1plus) to build its ops at first use, then reports.
+BUILDS = """
+import json, subprocess, sys
+subprocess.run([sys.argv[1], sys.argv[2], "150", "silent"], check=True, stdout=subprocess.DEVNULL)
+print(json.dumps({"tokens_per_s": 1000.0}))
+"""
+
+
+@pytest.mark.parametrize("name, counted", [("cc1plus", False), ("helper", True)])
+def test_a_compiler_the_rank_runs_is_not_its_memory(tmp_path, name, counted):
+    """The same allocating child counts as the rank's memory under a program's name and not
+    under a compiler's (the kernel names a process after the file it runs: a link)."""
+    (tmp_path / "hungry.py").write_text(HUNGRY)
+    (tmp_path / "builds.py").write_text(BUILDS)
+    (tmp_path / name).symlink_to(sys.executable)
+    section = trainer(tmp_path, [])
+    files = [str(tmp_path / file) for file in ("builds.py", name, "hungry.py")]
+    section["command"] = [sys.executable, *files]
+    result, _ = run(spec(validate_section(section, "t"), cap=100 * MIB), tmp_path)
+    measured = result.metrics.get("measured_peak_rss_bytes", 0)
+    assert (result.status is TrialState.OOM) is counted, trials_seen([result])
+    assert (measured > 150 * MIB) is counted, measured
+
+
 def test_the_cap_reaches_the_program(tmp_path):
     section = trainer(tmp_path, [json_line(1)], args=["{memory_cap}", "{memory_cap_bytes}"])
     _, log = run(spec(section, cap=40 * MIB), tmp_path)
@@ -264,6 +289,24 @@ def test_per_step_loss_next_to_a_summary_rate(tmp_path):
     assert result.metrics["tokens_per_s"] == pytest.approx(20.5 * SEQ)
     assert result.metrics["step_time_s"] == pytest.approx(4 * SEQ / (20.5 * SEQ))  # gb 4
     assert result.metrics["loss"] == pytest.approx(3.7)
+
+
+def test_timed_steps_win_over_a_summary_rate():
+    """The Hugging Face example's shape: a callback's step times and the Trainer's own
+    end-of-run rate, which counts its start-up: the steps decide, their warm-up left out."""
+    patterns = {
+        "step_time_s": r"step_time=([0-9.]+)",
+        "samples_per_s": {"pattern": r"'train_samples_per_second': '?([0-9.]+)", "role": "summary"},
+    }
+    lines = ["step_time=0.9", "step_time=0.2", "step_time=0.2"]
+    scan = parse_lines(
+        [*lines, "{'train_samples_per_second': '2.5'}"], make_parser("regex", patterns)
+    )
+    trial = spec(validate_section({"kind": "command", "command": ["x"]}, "t"))
+    metrics = summarize(scan, trial, warmup_steps=1)
+    assert metrics["step_time_s"] == pytest.approx(0.2), metrics  # not 4 samples / 2.5 per s
+    alone = parse_lines(["{'train_samples_per_second': '2.5'}"], make_parser("regex", patterns))
+    assert summarize(alone, trial, warmup_steps=1)["tokens_per_s"] == pytest.approx(2.5 * SEQ)
 
 
 def test_a_log_where_only_the_memory_pattern_matched_says_so(tmp_path):

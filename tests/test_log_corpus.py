@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
-from parsearch.failures import failure_reason
+from parsearch.failures import failure_reason, reason_key
 from parsearch.launch.oom import looks_like_oom
 from parsearch.launch.process import _collateral
 from parsearch.trainers.command.parsers import (
@@ -206,6 +206,13 @@ FIGURES: dict[tuple[str, str], Figures] = {
     ("deepspeed-timer-samplespersec-2022.log", "deepspeed example"): Figures(
         [1, 2], {"samples_per_s": 83.48609168106144}, 9.02 * GIB
     ),
+    # The end-of-run dict, values quoted (transformers 5): the run's samples/s, start-up in.
+    ("hf-trainer-end-dict-strings-2026.log", "hf-trainer example"): Figures(
+        [],
+        {},
+        layout={"dp": 1, "mbs": 2, "gas": 4, "seq": 1024},
+        summary={"tokens_per_s": 1.474 * 1024, "step_time_s": 8 / 1.474},
+    ),
     ("hf-trainer-step-dicts-tqdm-2021.log", "hf step dicts"): Figures(
         [1, 2, 3, 4, 5],
         {"step_time_s": 0.6309, "samples_per_s": 57.063},
@@ -310,6 +317,26 @@ FAILURES: dict[str, tuple[str, str | None]] = {
     "oom-then-childfailed-2024.log": (
         OOM,
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 792.00 MiB. GPU",
+    ),
+    # A GPU page fault: the HSA runtime's line, then the C library's abort; no exception.
+    "rocm-page-fault-nanogpt-2023.log": (
+        ERROR,
+        "Memory access fault by GPU node-1 (Agent handle: 0x55e92f082620) on address (nil). "
+        "Reason: Page not present or supervisor privilege.",
+    ),
+    # The DistBackendError line and NCCL's own detail, not NCCL's generic text for the code.
+    "nccl-system-error-no-route-2024.log": (
+        ERROR,
+        "torch.distributed.DistBackendError: NCCL error in: "
+        "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1333, unhandled system error (run "
+        "with NCCL_DEBUG=INFO for details), NCCL version 2.18.6: socketStartConnect: Connect to "
+        "192.168.19.14<52822> failed : No route to host",
+    ),
+    # The TCPStore's host went away: a rank that failed because another did.
+    "tcpstore-recvvalue-reset-2025.log": (
+        LOST,
+        "recvValue failed on SocketImpl(fd=76, addr=[localhost]:60950, "
+        "remote=[localhost]:29500): Connection reset by peer",
     ),
     # torchrun's report alone: its ChildFailedError is all a reader has.
     "childfailed-only-2025.log": (
@@ -450,3 +477,11 @@ def test_an_xid_line_is_the_reason_of_a_rank_without_an_exception():
     assert failure_reason("rank 0 was killed by SIGKILL", tail) == (
         "rank 0 was killed by SIGKILL: NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
     )
+
+
+def test_page_faults_at_other_addresses_read_alike():
+    """Two ranks' faults differ in their agent handle only: one group, not two."""
+    text = (LOGS / "rocm-page-fault-nanogpt-2023.log").read_text()
+    other = text.replace("0x55e92f082620", "0x5f6d730")
+    first, second = (failure_reason("rank 0 exited with code 134", tail) for tail in (text, other))
+    assert first != second and reason_key(first) == reason_key(second), (first, second)

@@ -7,6 +7,7 @@ Real torchrun, two CPU workers over gloo-free scripts (they fail before any coll
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,3 +152,32 @@ def test_a_traceback_missing_from_the_log_is_added_from_the_error_file():
     tail = _with_callstack("launcher: worker 3 failed", recorded)
     assert tail.endswith(f"--- rank 3's traceback, from its error file ---\n{stack}")
     assert _with_callstack(f"...\n{stack}\n", recorded) == f"...\n{stack}\n"  # already there
+
+
+def test_a_long_message_keeps_the_end_of_the_traceback_it_carries(tmp_path):
+    """torch.multiprocessing.spawn's ProcessRaisedException carries the child's whole
+    traceback in its message: the child's own error is its last line."""
+    from parsearch.launch.rank_errors import MESSAGE_CHARS, read_error
+    from parsearch.launch.rank_site import SITE_DIR
+
+    frames = "".join(f'  File "/opt/train/layer{n}.py", line {n}, in forward\n' for n in range(40))
+    message = (
+        "-- Process 1 terminated with the following error:\n"
+        f"Traceback (most recent call last):\n{frames}ValueError: bad shard 7 of 8"
+    )
+    script = tmp_path / "spawn.py"
+    script.write_text(
+        "class ProcessRaisedException(Exception): pass\n"
+        f"raise ProcessRaisedException({message!r})\n"
+    )
+    error_file = tmp_path / "rank0.json"
+    env = {"PYTHONPATH": str(SITE_DIR), "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    subprocess.run([sys.executable, str(script)], env=env, capture_output=True, check=False)
+    described = read_error(error_file, 0).describe()
+    assert len(described) <= MESSAGE_CHARS + len("rank 0: "), described
+    assert described.startswith("rank 0: ProcessRaisedException: -- Process 1 terminated"), (
+        described
+    )
+    assert described.endswith("ValueError: bad shard 7 of 8"), described
+    reason = failure_reason(f"rank 0 exited with code 1: {described}", "")  # status, report
+    assert reason.endswith("ValueError: bad shard 7 of 8"), reason

@@ -8,5 +8,6 @@
 # A site file replaces the script's environment lines (modules, the venv) and may override
 # what follows them. Its nodes are CPU processes: no modules, the repository's .venv
 # (scripts/bootstrap.sh makes it), one thread per rank, gloo.
+# shellcheck source=/dev/null  # the venv is made on the machine, not part of the repository
 source "${SLURM_SUBMIT_DIR}/.venv/bin/activate" || return 1
 export OMP_NUM_THREADS=1

@@ -9,6 +9,12 @@ every process of the trial, so it measures them itself (Linux; psutil not needed
   sees it) for the process it started and every descendant (a launcher's workers), a few
   times a second and once more before the survivors are killed.
 
+A compiler the program starts is not the program: DeepSpeed builds its ops with ``ninja`` and
+``g++`` at first use (``cc1plus`` alone can hold a gigabyte), torch extensions and Triton call
+``nvcc``, ``ptxas``, ``hipcc`` or ``clang``. Such a process, with everything below it, is left
+out (:data:`BUILD_TOOLS`, by the kernel's name of the process): a layout must not be capped or
+ranked by what building its kernels once took, which a cached build does not take again.
+
 ``wait4``'s ``ru_maxrss`` is not used: it keeps the peak of the memory a process had before
 ``exec``, i.e. of the forking parent (the agent, a launcher), not of the program.
 
@@ -22,10 +28,20 @@ import os
 from collections.abc import Iterable
 
 KIB = 1024
+# Process names (``/proc/<pid>/stat``'s, at most 15 characters) of build tools and compilers
+# that a rank may start to compile kernels: not counted, nor anything they start.
+BUILD_TOOLS = frozenset(
+    {
+        "ninja", "cc", "c++", "gcc", "g++", "cc1", "cc1plus", "collect2",
+        "as", "ld", "ld.gold", "ld.lld", "clang", "clang++", "nvcc", "cicc", "ptxas",
+        "fatbinary", "nvlink", "hipcc", "amdclang", "amdclang++", "lld",
+    }
+)  # fmt: skip
 
 
 def _children() -> dict[int, list[int]]:
-    """Every live process's children, from one read of /proc (empty off Linux)."""
+    """Every live process's children but the :data:`BUILD_TOOLS`, from one read of /proc
+    (empty off Linux)."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
@@ -39,8 +55,10 @@ def _children() -> dict[int, list[int]]:
                 stat = handle.read()
         except OSError:
             continue
-        fields = stat.rsplit(b")", 1)[1].split()  # after the command name: state, ppid
-        if fields[0] != b"Z":
+        head, rest = stat.rsplit(b")", 1)
+        command = head.split(b"(", 1)[-1].decode(errors="replace")
+        fields = rest.split()  # after the command name: state, ppid
+        if fields[0] != b"Z" and command not in BUILD_TOOLS:
             children.setdefault(int(fields[1]), []).append(int(name))
     return children
 

@@ -45,11 +45,22 @@ class RankError:
         return self.message.split(":", 1)[0].strip().endswith(LAUNCHER_ERRORS)
 
     def describe(self, with_rank: bool = True) -> str:
-        """``rank 1: RuntimeError: boom`` (cut to :data:`MESSAGE_CHARS`)."""
-        text = " ".join(self.message.split())
-        if len(text) > MESSAGE_CHARS:
-            text = text[: MESSAGE_CHARS - 1] + "…"
+        """``rank 1: RuntimeError: boom``; a message longer than :data:`MESSAGE_CHARS`
+        keeps its head and its tail, the middle cut."""
+        text = shortened(" ".join(self.message.split()), MESSAGE_CHARS)
         return text if self.rank is None or not with_rank else f"rank {self.rank}: {text}"
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: two thirds from its head (an exception's type
+    and what it says first: "Tried to allocate 2.00 GiB") and the rest from its tail, joined by
+    `` … ``. The tail matters when a message carries another process's traceback
+    (``ProcessRaisedException: -- Process 1 terminated with the following error: Traceback
+    ...``, a ``RemoteTraceback``): it ends with the error that caused it."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]} … {text[len(text) - (limit - head - 3) :]}"
 
 
 def error_file(trial_dir: Path, rank: int) -> Path:

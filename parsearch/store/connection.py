@@ -176,6 +176,12 @@ class Database:
     def _begin(self, write: bool) -> None:
         self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
 
+    def serialise(self, *, campaign: int | None = None, trial: int | None = None) -> None:
+        """Make this write transaction the only writer of a campaign (``campaign``, or the
+        one ``trial`` belongs to) or, with neither, of the store's campaign list; called
+        first in the transaction. SQLite's ``BEGIN IMMEDIATE`` already made it the only
+        writer of the whole file: nothing more to do here."""
+
     def _statements(self) -> Any:
         """What the block of a transaction executes its statements on."""
         return self._conn
@@ -266,12 +272,16 @@ class Database:
         if path.is_dir():
             example = path / "parsearch.db"
             return f"{path} is a directory; give the store a file name such as {example}"
+        if self.readonly and not path.exists():  # a reader creates nothing: say what is missing
+            if not path.parent.exists():
+                return f"no store at {path}: directory {path.parent} does not exist"
+            if not path.parent.is_dir():
+                return f"no store at {path}: {path.parent} is not a directory"
+            return f"no store at {path} (has a campaign run there yet?)"
         if not path.parent.exists():
             return f"cannot create store {path}: directory {path.parent} does not exist"
         if not path.parent.is_dir():
             return f"cannot create store {path}: {path.parent} is not a directory"
-        if self.readonly and not path.exists():
-            return f"no store at {path} (has a campaign run there yet?)"
         return (
             f"cannot open store {path}: permission denied or read-only filesystem "
             f"(the file and its directory must be writable)"

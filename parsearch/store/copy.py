@@ -37,6 +37,7 @@ def copy_store(source: str, destination: str) -> dict[str, int]:
                 tables[table] = (columns, cursor.fetchall())
         copied: dict[str, int] = {}
         with writer._transaction(f"copying the rows of {reader.path}") as conn:
+            writer._db.serialise()
             held = conn.execute("SELECT COUNT(*) FROM campaigns").fetchone()
             if held and held[0]:
                 raise StoreError(

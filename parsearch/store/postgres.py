@@ -9,11 +9,19 @@ statements whose SQL differs are this module's.
 
 How the same guarantees hold here:
 
-* **One writer at a time.** SQLite's ``BEGIN IMMEDIATE`` serialises writers, which the
-  store's read-then-write sequences (the next trial number, the lease check before a
-  takeover, the fence before a write) rely on. A write transaction here first takes one
-  transaction-scoped advisory lock, so writers are serialised the same way; waiting for it
-  is bounded by ``lock_timeout`` and reported like SQLite's busy store.
+* **One writer at a time, per campaign.** SQLite's ``BEGIN IMMEDIATE`` serialises writers,
+  which the store's read-then-write sequences (the next trial number, the lease check before
+  a takeover, the fence before a write) rely on. Those sequences never span two campaigns,
+  so a write transaction here first takes a transaction-scoped advisory lock keyed by its
+  schema and its campaign (the campaign list's own key for creating a campaign, the tables
+  or a copy): writers of one campaign are serialised as on SQLite, and writers of different
+  campaigns, or of different schemas, never wait for each other. Waiting is bounded by
+  ``lock_timeout``, and a timeout names the session that holds the lock.
+* **No session holds what others need for long.** The store's sessions set
+  ``idle_in_transaction_session_timeout`` (a stopped or swapping client's open transaction
+  is ended by the server), ``statement_timeout`` and ``lock_timeout``, and connect with TCP
+  keepalives (a crashed client's session ends when its host stops answering); each unless
+  the URL, ``PGOPTIONS``, or the role or database's own settings chose a value.
 * **Readers see one snapshot.** A read runs in a ``REPEATABLE READ READ ONLY``
   transaction, and a read-only store's session refuses every write.
 * **Lossless values.** Floats are ``DOUBLE PRECISION`` (SQLite's ``REAL``) and JSON stays
@@ -27,7 +35,9 @@ stays light, and SQLite users need not install it (``pip install parsearch[postg
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,8 +53,48 @@ if TYPE_CHECKING:
     import psycopg
 
 URL_SCHEMES = ("postgresql://", "postgres://")
-# The advisory lock every write transaction takes (any constant: the store's own key).
-_WRITE_LOCK_KEY = 0x70617273  # "pars"
+# The advisory locks of write transactions: (this schema's key, campaign id), or
+# (this schema's key, 0) for the campaign list, the tables and a copy (ids start at 1).
+_SCHEMA_KEY = "hashtext('parsearch:' || current_schema())"
+_CAMPAIGN_KEY = "mod(%s, 2147483647)::integer"
+_STORE_KEY = 0
+# Server settings the store's sessions take unless the URL, PGOPTIONS or the role or
+# database set them (pg_settings.source says which): a transaction left open by a stopped
+# client ends within seconds, and no statement of the store runs for ever.
+_SESSION_SETTINGS = {
+    "idle_in_transaction_session_timeout": "15s",
+    "statement_timeout": "300s",
+}
+_CHOSEN_SOURCES = ("client", "user", "database", "database user", "session")
+# libpq's TCP keepalives (a crashed client host's session ends within about a minute instead
+# of the kernel's two hours), unless the URL or the environment sets them.
+_KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+}
+# Seconds to wait for the server when neither the URL's connect_timeout nor PGCONNECT_TIMEOUT
+# says: a query command answers quickly or says why; a driver rides out a slow server start.
+READER_CONNECT_TIMEOUT_S = 5
+WRITER_CONNECT_TIMEOUT_S = 30
+# Who holds a lock another write waits for, as pg_stat_activity shows each session.
+_HOLDER_COLUMNS = (
+    "a.pid, a.application_name, COALESCE(a.client_hostname, host(a.client_addr)), a.state, "
+    "extract(epoch FROM now() - a.state_change), extract(epoch FROM now() - a.xact_start)"
+)
+_ADVISORY_HOLDERS = (
+    f"SELECT DISTINCT {_HOLDER_COLUMNS} FROM pg_locks l JOIN pg_stat_activity a "
+    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid = ({schema_key})::oid AND l.objid = ({key})::oid"
+)
+_TABLE_HOLDERS = (
+    f"SELECT DISTINCT {_HOLDER_COLUMNS} FROM pg_locks l JOIN pg_stat_activity a "
+    "ON a.pid = l.pid JOIN pg_class c ON c.oid = l.relation "
+    "WHERE l.granted AND l.pid <> pg_backend_pid() AND l.mode <> 'AccessShareLock' "
+    "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+)
 _PLACEHOLDER = re.compile(r"\?")
 # Tables whose rows have an ``id`` a caller reads back after INSERT (SQLite's lastrowid).
 _RETURNING_ID = re.compile(r"^\s*INSERT INTO (campaigns|trials)\b", re.IGNORECASE)
@@ -203,53 +253,118 @@ class PostgresDatabase(Database):
         self.path = shown_url(url)
         self._lock = threading.RLock()
         self._url = url
+        # The lock a write transaction is waiting for: ("campaign" | "trial", id) or
+        # ("store", None); None once it holds it (see serialise).
+        self._awaited: tuple[str, int | None] | None = None
         try:
-            self._conn = self._session()
-        except psycopg.OperationalError as exc:
+            self._conn = self._server_connection()
+        except psycopg.Error as exc:
             raise StoreError(
                 f"cannot connect to store {self.path}: {str(exc).strip()}; check that the "
                 "server runs and the URL's user, host and database"
             ) from None
+        try:
+            self.settings = self._configure_session()
         except psycopg.Error as exc:
             raise self.error(exc, "opening it") from exc
 
-    def _session(self) -> psycopg.Connection[Any]:
-        """A new connection with the store's session settings: the first one, and each one
-        after the server dropped the last (a restart, a failover)."""
-        conn = self._psycopg.connect(
-            self._url, autocommit=True, connect_timeout=max(1, round(self.timeout_s))
+    def _server_connection(self) -> psycopg.Connection[Any]:
+        return self._psycopg.connect(
+            self._url, autocommit=True, **self._connect_defaults(self._url)
         )
+
+    def _reconnect(self) -> None:
+        """A new session with the store's settings after the server dropped the last (a
+        restart, a failover)."""
+        self._conn = self._server_connection()
         try:
-            conn.execute(f"SET lock_timeout = '{int(self.timeout_s * 1000)}ms'")
-            if self.readonly:
-                conn.execute("SET default_transaction_read_only = on")
+            self.settings = self._configure_session()
         except BaseException:
-            conn.close()
+            self._conn.close()  # the next transaction tries again
             raise
-        return conn
+
+    def _connect_defaults(self, url: str) -> dict[str, str]:
+        """libpq parameters the store chooses where neither the URL nor the environment
+        (``PGCONNECT_TIMEOUT``, ``PGAPPNAME``) did: the connect timeout (short for a query
+        command), TCP keepalives, and an application_name that names this process and host
+        in ``pg_stat_activity`` (and in another driver's lock-timeout message)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            given = conninfo_to_dict(url)
+        except self._psycopg.Error:
+            return {}  # psycopg.connect says what is wrong with the URL
+        connect_s = READER_CONNECT_TIMEOUT_S if self.readonly else WRITER_CONNECT_TIMEOUT_S
+        defaults = {
+            "connect_timeout": str(connect_s),
+            "application_name": f"parsearch {os.getpid()}@{socket.gethostname()}"[:63],
+            **_KEEPALIVES,
+        }
+        environment = {"connect_timeout": "PGCONNECT_TIMEOUT", "application_name": "PGAPPNAME"}
+        return {
+            name: value
+            for name, value in defaults.items()
+            if name not in given and environment.get(name, "") not in os.environ
+        }
+
+    def _configure_session(self) -> dict[str, str]:
+        """Set the store's server-side timeouts where the URL's ``options``, ``PGOPTIONS``
+        or the role or database did not; return each one's value in force."""
+        wanted = {**_SESSION_SETTINGS, "lock_timeout": f"{int(self.timeout_s * 1000)}ms"}
+        sources = dict(
+            self._conn.execute(
+                "SELECT name, source FROM pg_settings WHERE name = ANY(%s)", (list(wanted),)
+            ).fetchall()
+        )
+        for name, value in wanted.items():
+            if sources.get(name) not in _CHOSEN_SOURCES:
+                self._conn.execute(f"SET {name} = '{value}'")
+        if self.readonly:
+            self._conn.execute("SET default_transaction_read_only = on")
+        return {name: str(self._conn.execute(f"SHOW {name}").fetchone()[0]) for name in wanted}
 
     def _begin(self, write: bool) -> None:
         """Begin on a live connection: a lost one is opened again (once more if it breaks at
         ``BEGIN``: the server restarted while it was idle); a failure to reconnect is an
         :class:`~parsearch.errors.StoreUnavailableError` that the driver retries."""
         if self._conn.closed:
-            self._conn = self._session()
+            self._reconnect()
         try:
             self._begin_on_connection(write)
         except self._psycopg.OperationalError:
             if not self._conn.closed:
                 raise
-            self._conn = self._session()
+            self._reconnect()
             self._begin_on_connection(write)
 
     def _begin_on_connection(self, write: bool) -> None:
-        """A write takes the store's write lock (one writer at a time, as SQLite's ``BEGIN
-        IMMEDIATE``), waiting up to ``timeout_s``; a read sees one snapshot."""
+        """A write is READ COMMITTED, and takes its campaign's lock first
+        (:meth:`serialise`); a read sees one snapshot."""
         if write:
             self._conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_KEY,))
         else:
             self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def serialise(self, *, campaign: int | None = None, trial: int | None = None) -> None:
+        """Take the advisory lock of the campaign (or of ``trial``'s campaign, or of the
+        campaign list), waiting up to ``lock_timeout``; it is held until the transaction
+        ends. Keyed by the schema too: stores in other schemas of the database never wait."""
+        if trial is not None:
+            self._awaited = ("trial", trial)
+            self._conn.execute(
+                f"SELECT pg_advisory_xact_lock({_SCHEMA_KEY}, "
+                f"{_CAMPAIGN_KEY % 'campaign_id'}) FROM trials WHERE id = %s",
+                (trial,),
+            )
+        elif campaign is not None:
+            self._awaited = ("campaign", campaign)
+            self._conn.execute(
+                f"SELECT pg_advisory_xact_lock({_SCHEMA_KEY}, {_CAMPAIGN_KEY})", (campaign,)
+            )
+        else:
+            self._awaited = ("store", None)
+            self._conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_KEY}, {_STORE_KEY})")
+        self._awaited = None
 
     def _statements(self) -> _Connection:
         return _Connection(self._conn)
@@ -268,9 +383,25 @@ class PostgresDatabase(Database):
         errors = self._psycopg.errors
         where = self.path
         if isinstance(exc, errors.LockNotAvailable):
+            awaited, self._awaited = self._awaited, None
+            waited = self.settings.get("lock_timeout", f"{self.timeout_s:g}s")
             return StoreError(
-                f"store {where} stayed locked for more than {self.timeout_s:g} s while "
-                f"{action}: another driver's write is holding it"
+                f"store {where} stayed locked for more than {waited} (lock_timeout) while "
+                f"{action}: {self._holders(awaited)}"
+            )
+        if isinstance(exc, errors.IdleInTransactionSessionTimeout):
+            idle = self.settings.get("idle_in_transaction_session_timeout", "its limit")
+            return StoreError(
+                f"store {where}: the server ended this session while {action}: it sat inside "
+                f"a transaction for more than {idle} (idle_in_transaction_session_timeout; "
+                "was this process stopped?); nothing of it was written; run the command again"
+            )
+        if isinstance(exc, errors.QueryCanceled):
+            limit = self.settings.get("statement_timeout", "its limit")
+            return StoreError(
+                f"store {where}: {action} ran for more than {limit} (statement_timeout) and "
+                "was cancelled; nothing of it was written. Set a longer one in the URL "
+                "(options=-c statement_timeout=...) if the server is this slow"
             )
         if isinstance(exc, errors.ReadOnlySqlTransaction):
             return StoreError(f"store {where} is open read-only; {action} needs a writer")
@@ -282,6 +413,52 @@ class PostgresDatabase(Database):
                 "nothing of it was written; check the server and run the command again"
             )
         return StoreError(f"store {where}: {action} failed: {str(exc).strip()}")
+
+    def _holders(self, awaited: tuple[str, int | None] | None) -> str:
+        """Who holds the lock a write waited for: each session's server pid, its
+        application_name (the store's own say which process on which host), its state and
+        for how long, and what ends it; or as much as the server still shows."""
+        if awaited is None:
+            what = "a row or table of the store"
+            query = _TABLE_HOLDERS
+            params: tuple[Any, ...] = ()
+        else:
+            kind, number = awaited
+            what = {
+                "campaign": f"campaign {number}",
+                "trial": f"the campaign of trial {number}",
+                "store": "the campaign list",
+            }[kind]
+            campaign = "(SELECT campaign_id FROM trials WHERE id = %s)" if kind == "trial" else "%s"
+            key = _CAMPAIGN_KEY % campaign if number is not None else str(_STORE_KEY)
+            query = _ADVISORY_HOLDERS.format(schema_key=_SCHEMA_KEY, key=key)
+            params = () if number is None else (number,)
+        try:
+            rows = self._conn.execute(query, params).fetchall()
+        except self._psycopg.Error:
+            rows = []
+        if not rows:
+            return (
+                f"the lock of {what} was held by another session, which has let it go since "
+                "(pg_stat_activity shows the server's sessions); run the command again"
+            )
+        idle = self.settings.get("idle_in_transaction_session_timeout", "0")
+        holders = "; ".join(
+            f"server pid {pid} (application_name {app!r}{f', from {host}' if host else ''}) "
+            f"is {state} for {float(state_s):.0f} s, in a transaction begun "
+            f"{float(xact_s):.0f} s ago"
+            for pid, app, host, state, state_s, xact_s in rows
+        )
+        ended = (
+            ""
+            if idle in ("0", "0ms")
+            else (f"; the server ends a session idle in its transaction after {idle}")
+        )
+        return (
+            f"the lock of {what} is held by {holders}. If that process is stopped (Ctrl-Z, a "
+            f"paused VM) or hung, continue or end it, or end its session with SELECT "
+            f"pg_terminate_backend(pid){ended}"
+        )
 
 
 class PostgreSQLStore(SQLiteStore):
@@ -301,7 +478,8 @@ class PostgreSQLStore(SQLiteStore):
         return PostgresDatabase(str(path), readonly=readonly, timeout_s=timeout_s)
 
     def _prepare_schema(self) -> None:
-        """Create the tables in an empty database (or schema); refuse a foreign or newer one.
+        """Create the tables in an empty database (or schema); refuse a foreign or newer one,
+        a search_path that names no usable schema, and a role without the grants it needs.
 
         PostgreSQL stores start at :data:`~.schema.SCHEMA_VERSION`, so there is no older
         version to upgrade yet; the ``schema_version`` rows record every version as SQLite
@@ -309,7 +487,8 @@ class PostgreSQLStore(SQLiteStore):
         """
         where = str(self.path)
         with self._transaction("opening it", write=False) as conn:
-            version = self._version(conn, where)
+            name = self._schema(conn, where)
+            version = self._version(conn, where, name)
         schema.check_version(version, where)
         if version == schema.SCHEMA_VERSION:
             return
@@ -319,7 +498,8 @@ class PostgreSQLStore(SQLiteStore):
                 "read-only command cannot"
             )
         with self._transaction("creating its tables") as conn:
-            if self._version(conn, where) == schema.SCHEMA_VERSION:
+            self._db.serialise()
+            if self._version(conn, where, name) == schema.SCHEMA_VERSION:
                 return  # another driver created them while this one waited for the lock
             for statement in _TABLES:
                 conn.execute(statement)
@@ -341,16 +521,47 @@ class PostgreSQLStore(SQLiteStore):
             )
 
     @staticmethod
-    def _version(conn: _Connection, where: str) -> int:
-        """The store's schema version in the connection's schema: 0 when it holds nothing."""
+    def _schema(conn: _Connection, where: str) -> str:
+        """The schema the store lives in: the first of the search_path that exists and the
+        role may use; refused, naming each listed schema and what it lacks, when none."""
+        found, path, user = conn.execute(
+            "SELECT current_schema(), current_setting('search_path'), current_user"
+        ).fetchone() or (None, "", "")
+        if found is not None:
+            return str(found)
+        problems = []
+        for listed in (part.strip() for part in path.split(",")):
+            name = user if listed == '"$user"' or listed == "$user" else listed.strip('"')
+            row = conn.execute(
+                "SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = ?",
+                (name,),
+            ).fetchone()
+            if row is None and name != user:
+                problems.append(f"schema {name!r} does not exist (CREATE SCHEMA {name})")
+            elif row is not None:
+                problems.append(
+                    f"role {user} may not use schema {name!r} (GRANT USAGE ON SCHEMA {name} "
+                    f"TO {user})"
+                )
+        missing = "; ".join(problems) or "it lists no schema"
+        raise StoreError(
+            f"{where}: the search_path ({path or 'empty'}) names no schema the store can live "
+            f"in: {missing}; or set another one in the URL (options=-csearch_path=NAME)"
+        )
+
+    def _version(self, conn: _Connection, where: str, name: str) -> int:
+        """The store's schema version in schema ``name``: 0 when it holds nothing. Tables
+        are looked up in the catalogue, which shows them whatever the role's grants are."""
         tables = {
-            name
-            for (name,) in conn.execute(
-                "SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = current_schema()"
+            table
+            for (table,) in conn.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = ? AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+                (name,),
             ).fetchall()
         }
         if "schema_version" in tables:
+            self._check_grants(conn, where, name)
             row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
             return int(row[0] or 0) if row else 0
         if tables:
@@ -359,6 +570,31 @@ class PostgreSQLStore(SQLiteStore):
                 f"are {sorted(tables)}); give parsearch an empty database or schema"
             )
         return 0
+
+    def _check_grants(self, conn: _Connection, where: str, name: str) -> None:
+        """Refuse a role that lacks a privilege this store needs on one of its tables,
+        naming each: SELECT for a query command; SELECT, INSERT, UPDATE and DELETE for a
+        driver (or a copy)."""
+        needed = "SELECT" if self.readonly else "SELECT, INSERT, UPDATE, DELETE"
+        lacking = conn.execute(
+            "SELECT p.privilege, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace, "
+            "unnest(string_to_array(?, ', ')) AS p (privilege) "
+            "WHERE n.nspname = ? AND c.relname IN ('schema_version', 'campaigns', 'trials', "
+            "'leases') AND NOT has_table_privilege(c.oid, p.privilege) ORDER BY 2, 1",
+            (needed, name),
+        ).fetchall()
+        if not lacking:
+            return
+        user = conn.execute("SELECT current_user").fetchone()
+        role = user[0] if user else "this role"
+        missing = ", ".join(f"{privilege} on {name}.{table}" for privilege, table in lacking)
+        who = "a query command" if self.readonly else "a driver"
+        raise StoreError(
+            f"role {role} lacks {missing} in store {where}: {who} needs {needed} on the "
+            f"store's tables; their owner grants it with: GRANT {needed} ON ALL TABLES IN "
+            f"SCHEMA {name} TO {role}"
+        )
 
     def __enter__(self) -> PostgreSQLStore:
         return self

@@ -221,6 +221,7 @@ class SQLiteStore:
             CampaignStatus.CREATED.value,
         )
         with self._transaction(f"creating campaign '{name}'") as conn:
+            self._db.serialise()
             existing = conn.execute(
                 "SELECT created_at FROM campaigns WHERE name = ?", (name,)
             ).fetchone()
@@ -299,6 +300,7 @@ class SQLiteStore:
                 valid = [s.value for s in CampaignStatus]
                 raise StoreError(f"campaign status {status!r} is not one of {valid}") from None
         with self._transaction(f"updating campaign {campaign_id}") as conn:
+            self._db.serialise(campaign=campaign_id)
             self._campaign(conn, campaign_id)
             self._fence(conn, campaign_id)
             if changes:
@@ -331,6 +333,7 @@ class SQLiteStore:
         driver holds the lease.
         """
         with self._transaction(f"taking the lease of campaign {campaign_id}") as conn:
+            self._db.serialise(campaign=campaign_id)
             now = time.time()  # after BEGIN, which may have waited for another writer
             campaign = self._campaign(conn, campaign_id)
             held = conn.execute(
@@ -449,6 +452,7 @@ class SQLiteStore:
         newer driver now owns the campaign.
         """
         with self._transaction(f"renewing the lease of campaign {campaign_id}") as conn:
+            self._db.serialise(campaign=campaign_id)
             updated = conn.execute(
                 "UPDATE leases SET heartbeat_at = ? WHERE campaign_id = ? AND owner = ?",
                 (time.time(), campaign_id, owner),
@@ -481,6 +485,7 @@ class SQLiteStore:
     def release_lease(self, campaign_id: int, owner: str) -> None:
         """Give the lease up if ``owner`` holds it; safe to call twice, or after losing it."""
         with self._transaction(f"releasing the lease of campaign {campaign_id}") as conn:
+            self._db.serialise(campaign=campaign_id)
             conn.execute(
                 "DELETE FROM leases WHERE campaign_id = ? AND owner = ?", (campaign_id, owner)
             )
@@ -520,6 +525,7 @@ class SQLiteStore:
         config = to_json(layout.to_dict(), "the layout")
         predicted_json = None if predicted is None else to_json(predicted, "the prediction")
         with self._transaction(f"adding trial {layout.short()}") as conn:
+            self._db.serialise(campaign=campaign_id)
             self._campaign(conn, campaign_id)
             self._fence(conn, campaign_id)
             existing = conn.execute(
@@ -626,6 +632,7 @@ class SQLiteStore:
         Returns how many; resume re-queues them with :meth:`requeue`.
         """
         with self._transaction(f"interrupting the trials of campaign {campaign_id}") as conn:
+            self._db.serialise(campaign=campaign_id)
             self._fence(conn, campaign_id)
             return conn.execute(
                 "UPDATE trials SET state = ? WHERE campaign_id = ? AND state IN (?, ?)",
@@ -661,6 +668,7 @@ class SQLiteStore:
     ) -> None:
         """Refuse a state change that the contract does not allow from the trial's state,
         or that a driver which lost the campaign's lease attempts."""
+        self._db.serialise(trial=trial_id)
         trial = self._trial(conn, trial_id)
         self._fence(conn, trial.campaign_id)
         if trial.state not in allowed:

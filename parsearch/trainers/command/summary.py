@@ -42,14 +42,18 @@ def _finite(value: Any, what: str, *, positive: bool = True) -> float:
 def summarize(scan: LogScan, spec: TrialSpec, warmup_steps: int) -> dict[str, Any]:
     """The metrics of one log (raise :class:`NoMeasurement` when it has none).
 
-    A trainer's own summary decides the throughput when it has a timing figure (its own
-    warm-up handling applies, not ``warmup_steps``); step lines then add the last loss."""
+    A trainer's own summary decides the throughput when it has a timing figure and no step
+    line has one (its own warm-up handling applies, not ``warmup_steps``); step lines then add
+    the last loss. Timed steps win over a summary: their warm-up is left out, a run's figure
+    counts its start-up (Hugging Face's ``train_samples_per_second``)."""
     check_launch(scan, spec)
-    if scan.summary is not None and any(key in scan.summary for key in _TIMING_KEYS):
-        metrics = _from_summary(scan.summary, spec)
+    timed_steps = any(getattr(step, key) is not None for step in scan.steps for key in _TIMING_KEYS)
+    summary = scan.summary if scan.summary is not None and not timed_steps else None
+    if summary is not None and any(key in summary for key in _TIMING_KEYS):
+        metrics = _from_summary(summary, spec)
         losses = [step.loss for step in scan.steps if step.loss is not None]
-        if "loss" in scan.summary or losses:
-            metrics["loss"] = scan.summary.get("loss", losses[-1] if losses else None)
+        if "loss" in summary or losses:
+            metrics["loss"] = summary.get("loss", losses[-1] if losses else None)
     else:
         metrics = _from_steps(scan.steps, spec, warmup_steps)
     if scan.peak_mem_bytes is not None:

@@ -9,8 +9,9 @@ is the number, or to ``{pattern: ..., role: step | summary}``:
 * ``summary``: a line the trainer prints once, at the end, with its own figure for the whole
   run (Hugging Face's ``train_samples_per_second``). The last match is taken as it is:
   ``warmup_steps`` does not apply to it, so it includes the trainer's own start-up unless the
-  trainer excludes it. A summary timing metric, when present, decides the throughput; step
-  lines then only add what the summary lacks (the loss).
+  trainer excludes it. A summary timing metric decides the throughput when no step line was
+  timed (timed steps leave their warm-up out); step lines then only add what the summary
+  lacks (the loss).
 
 ``peak_mem_bytes`` keeps its largest match whatever its role. Every match on a line counts
 (ranks sharing a log glue their lines together), each step match as its own step.
