@@ -47,6 +47,13 @@ class StoreFullError(StoreError):
     ``parsearch resume`` continue the campaign."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store could not be reached for now: a lost server connection, a file that stayed
+    locked or failed with an I/O error past its busy timeout. Nothing of the failed
+    statement was written, and trying again later may succeed: the campaign driver keeps its
+    results and retries (:mod:`parsearch.campaign.outage`)."""
+
+
 class CampaignLockedError(StoreError):
     """Another live driver holds the campaign's lease.
 

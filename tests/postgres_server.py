@@ -9,7 +9,9 @@ another worker or a server of the host), and are stopped by that PID when the se
 whatever happened. A session killed outright (``kill -9`` of pytest) cannot stop it, so
 the postmaster also gets a parent-death signal: it shuts down when the worker that started it
 dies. Each test gets a schema of its own in the one database, which is far cheaper than a
-database per test.
+database per test. :meth:`PostgresServer.restart` stops and starts it as ``pg_ctl restart
+-m fast`` does (SIGINT to the postmaster, then the same command line), keeping it this
+worker's child so that the parent-death signal and :meth:`~PostgresServer.stop` still hold.
 """
 
 from __future__ import annotations
@@ -105,26 +107,48 @@ class PostgresServer:
                 "port": str(PORT),
             }
             options = [arg for item in settings.items() for arg in ("-c", "=".join(item))]
-            with open(log, "wb") as log_file:
-                self._process = subprocess.Popen(
-                    [
-                        *_dies_with_parent(prefix),
-                        str(binaries / "postgres"),
-                        "-D",
-                        str(data),
-                        "-p",
-                        str(PORT),
-                        *options,
-                    ],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    **run,
-                )
-            self._wait_ready(log)
+            self._command = [
+                *_dies_with_parent(prefix),
+                str(binaries / "postgres"),
+                *("-D", str(data), "-p", str(PORT), *options),
+            ]
+            self._run = run
+            self._log = log
+            self.start()
         except BaseException:
             self.stop()
             raise
+
+    def start(self) -> None:
+        """Start the postmaster (again) and wait until it accepts connections."""
+        with open(self._log, "ab") as log_file:
+            self._process = subprocess.Popen(
+                self._command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **self._run,
+            )
+        self._wait_ready(self._log)
+
+    def shut_down(self) -> None:
+        """A fast shutdown by the postmaster's PID (sessions rolled back), else a kill."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(STOP_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(STOP_DEADLINE_S)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server (every client's connection drops), stay down ``down_s``, start it
+        again on the same data and socket."""
+        self.shut_down()
+        time.sleep(down_s)
+        self.start()
 
     def _wait_ready(self, log: Path) -> None:
         """Wait until the server accepts a connection, or fail saying why, by a deadline."""
@@ -164,13 +188,5 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server by its own PID (a fast shutdown, then a kill) and remove its files."""
-        process = self._process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)  # "fast": rolls back sessions, exits
-            try:
-                process.wait(STOP_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(STOP_DEADLINE_S)
+        self.shut_down()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -15,6 +15,11 @@ strategy all of them at once. Invariants:
   broken: a :class:`BackendError` naming it and the exception ends the session, which marks
   the campaign stopped (resumable); a backend that fails to conclude one trial reports that
   trial as an error instead (:func:`parsearch.backends.conclusion_failed`);
+* a store that cannot be reached (:class:`~parsearch.errors.StoreUnavailableError`) ends
+  nothing at once: running trials go on, finished results wait in memory, no trial starts,
+  and the store is tried again with a growing pause (:mod:`~parsearch.campaign.outage`);
+  past ``outage_limit_s`` the driver drains as on SIGTERM and keeps what it could not write
+  in a file that the next session records (:mod:`~parsearch.campaign.kept`);
 * a result with impossible figures (not finite, negative, above the peak FLOP/s or any
   addressable memory) is recorded as an ``error`` and told as a failure, never as a value.
 
@@ -32,22 +37,26 @@ allocation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import re
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from parsearch.backends import Backend, Finished, clock_of, room_for
 from parsearch.campaign.crash_streak import DEFAULT_CRASH_LIMIT, CrashStreak
+from parsearch.campaign.kept import KeptResult, keep
 from parsearch.campaign.lease import Lease
 from parsearch.campaign.observers import Observers
+from parsearch.campaign.outage import DEFAULT_OUTAGE_LIMIT_S, Outage
 from parsearch.campaign.progress import Progress, Snapshot
 from parsearch.campaign.signals import StopRequest
 from parsearch.config import ParallelLayout
-from parsearch.errors import BackendError, ParsearchError
+from parsearch.errors import BackendError, ParsearchError, StoreUnavailableError
 from parsearch.plausible import checked as plausible_result
 from parsearch.result import TrialResult, TrialState
 from parsearch.search.candidates import layout_problems
@@ -65,6 +74,8 @@ JOB_ENDING = ("SIGTERM", "SIGHUP")
 # loaded node), and a cluster's nodes may still be joining.
 ROOM_WAIT_S = 120.0
 
+T = TypeVar("T")
+
 
 class Outcome(str, enum.Enum):
     """Why the driver returned."""
@@ -75,6 +86,7 @@ class Outcome(str, enum.Enum):
     STOPPED = "stopped by a signal"
     TIMED_OUT = "campaign timeout reached"
     CRASHING = "stopped: every trial crashed the same way"
+    STORE_DOWN = "stopped: the store stayed unreachable"
 
     @property
     def complete(self) -> bool:
@@ -95,6 +107,19 @@ class DriverSettings:
     grace_s: float = 60.0
     poll_s: float = 0.5
     crash_limit: int = DEFAULT_CRASH_LIMIT
+    outage_limit_s: float = DEFAULT_OUTAGE_LIMIT_S
+
+
+@dataclass
+class _Unwritten:
+    """A finished trial whose outcome the store has not recorded yet."""
+
+    record: TrialRecord
+    result: TrialResult
+    objective: float | None = None
+    judged: bool = False  # infeasible by the rules: not a run, no crash to count
+    written: bool = False  # an interrupted trial's outcome is, its re-queuing is not yet
+    tried: bool = False  # a write failed: its commit may have reached the store all the same
 
 
 class Driver:
@@ -135,6 +160,13 @@ class Driver:
         self.finished = 0
         self.failed = 0
         self.best: tuple[float, ParallelLayout] | None = None
+        # What this session knows without its store (the summary when the store is gone).
+        self.best_record: TrialRecord | None = None
+        self.states: Counter[TrialState] = Counter()
+        self.unwritten: list[_Unwritten] = []
+        self._unadded: deque[Proposal] = deque()  # asked for while the store was down
+        self.outage = Outage(settings.outage_limit_s)
+        self.outage_s = 0.0  # how long the store was unreachable in all, in this session
         self.interrupted = 0
         # Said beside the outcome when it needs more words (why the trainer is taken as broken).
         self.detail: str | None = None
@@ -176,13 +208,118 @@ class Driver:
             if self._timed_out():
                 self.stop.request("timeout")
                 return self._drain(Outcome.TIMED_OUT)
+            if not self._store_ready():
+                if self.outage.exceeded:
+                    self.stop.request("store unreachable")
+                    return self._drain(Outcome.STORE_DOWN)
+                self._wait_for_store()
+                continue
             exhausted = self._dispatch()
+            if self.outage.active:
+                continue  # a write failed there: wait for the store, not for room
             if not self.running:
                 if self._awaiting_room(exhausted):
                     continue
                 return self._complete(exhausted)
             self.progress.update(self.snapshot())
             self._record(self._poll(self._poll_timeout()))
+
+    def _stored(self, write: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """``write(*args, **kwargs)`` on the store, noting an outage's start and end."""
+        try:
+            value = write(*args, **kwargs)
+        except StoreUnavailableError as error:
+            if self.outage.failed(error):
+                self.progress.message(
+                    f"store unreachable: {error}; running trials go on, their results wait "
+                    f"here, and the store is tried again for up to "
+                    f"{self.outage.limit_s:g} s (--store-outage-limit)"
+                )
+            raise
+        if self.outage.active:
+            lasted = self.outage.ended()
+            self.outage_s += lasted
+            self.progress.message(f"store reachable again after {lasted:.1f} s; going on")
+        return value
+
+    def _store_ready(self) -> bool:
+        """Whether the store takes writes: every waiting result written now. False while
+        an outage lasts (until its next try, or when that try fails); with no result to
+        write, the lease's heartbeat is the try."""
+        if self.outage.due_in_s() > 0:
+            return False
+        self._flush()
+        if self.outage.active and not self.unwritten:
+            with contextlib.suppress(StoreUnavailableError):
+                self._stored(self.store.heartbeat, self.campaign.id, self.lease.owner)
+        return not self.outage.active
+
+    def _wait_for_store(self) -> None:
+        """Until the store's next try: collect what finishes meanwhile (kept in memory)."""
+        wait = min(self.outage.due_in_s() or self.settings.poll_s, self._poll_timeout())
+        self.progress.update(self.snapshot())
+        if self.running:
+            self._record(self._poll(wait))
+        else:
+            time.sleep(wait)
+
+    def _flush(self, *, tell_empty: bool = False) -> None:
+        """Write the waiting results in order, as far as the store takes them; count and
+        tell the strategy those written (not while draining: see :meth:`_record`), even
+        none when ``tell_empty`` (a poll's news for a strategy that waits for any)."""
+        told = []
+        try:
+            while self.unwritten:
+                item = self.unwritten[0]
+                if item.result.status is TrialState.INTERRUPTED:
+                    self._write_interrupted(item)
+                else:
+                    told.append(self._write_finished(item))
+                self.unwritten.pop(0)
+        except StoreUnavailableError:
+            pass
+        if not self._draining and (told or tell_empty):
+            self.strategy.finished(told)
+
+    def _write_finished(self, item: _Unwritten) -> tuple[TrialRecord, TrialResult]:
+        """Record one result; after a failed try, first look whether that try's commit
+        reached the store although its answer did not (the connection dropped in between):
+        then it is not written twice, which the store would refuse."""
+        record = None
+        if item.tried:
+            record = self._stored(self.store.get_trial, item.record.id)
+        if record is None or not record.state.finished:
+            item.tried = True
+            record = self._stored(
+                self.store.finish_trial, item.record.id, item.result, item.objective
+            )
+        self._count(record)
+        if not item.judged:
+            self.crashes.add(record)
+            self._finished_here += 1
+            self._last_finish = time.monotonic()
+        self.observers.trial_finished(self.campaign, record)
+        return record, item.result
+
+    def _write_interrupted(self, item: _Unwritten) -> None:
+        """A trial stopped from outside (the job ending kills every process of its step) is
+        no outcome of its layout: it is neither counted nor told, and runs again, now or
+        when the campaign continues. After a failed try, as :meth:`_write_finished`: a
+        step whose commit reached the store is not made again."""
+        state = None
+        if item.tried:
+            state = self._stored(self.store.get_trial, item.record.id).state
+        item.tried = True
+        if state in (None, TrialState.QUEUED, TrialState.RUNNING) and not item.written:
+            self._stored(self.store.finish_trial, item.record.id, item.result, None)
+            state = TrialState.INTERRUPTED
+        item.written = True
+        if self.stop.requested:
+            self._interrupted_outside += 1
+        elif state is TrialState.INTERRUPTED:
+            self.queue.append(self._stored(self.store.requeue, item.record.id))
+        else:  # re-queued by the try whose answer was lost
+            self.queue.append(self._stored(self.store.get_trial, item.record.id))
 
     def _poll(self, timeout_s: float) -> list[Finished]:
         """The backend's finished trials; an exception it raises there (a bug, a lost
@@ -242,21 +379,28 @@ class Driver:
             )
             if room <= 0:
                 return False
-            while room > 0 and self.queue:
+            while room > 0 and self.queue and not self.outage.active:
                 self._launch(self.queue.popleft())
                 room -= 1
+            if self.outage.active:
+                return False
             if room <= 0:
                 continue
-            proposals = self.strategy.ask(room)
+            proposals = self._proposals(room)
             if not proposals:
                 return True
             for record in self._add(proposals):
-                self._launch(record)
+                if not self.outage.active:
+                    self._launch(record)
+                else:
+                    self.queue.append(record)
 
     def _dispatch_sized(self) -> bool:
         """:meth:`_dispatch` for trials of different sizes: start the queue's head when the
         backend has room for its nodes; ask for one more trial while a node is free."""
         while self.settings.budget - self.finished - len(self.running) > 0:
+            if self.outage.active:
+                return False
             if self.queue:
                 nodes = nodes_spanned(self.queue[0].run_layout, self.space.allocation)
                 if room_for(self.backend, nodes) <= 0:
@@ -265,30 +409,43 @@ class Driver:
                 continue
             if room_for(self.backend, 1) <= 0:
                 return False
-            proposals = self.strategy.ask(1)
+            proposals = self._proposals(1)
             if not proposals:
                 return True
             self.queue.extend(self._add(proposals))
         return False
 
+    def _proposals(self, n: int) -> list[Proposal]:
+        """Up to ``n`` proposals: first those the store could not take when they came."""
+        if not self._unadded:
+            return self.strategy.ask(n)
+        return [self._unadded.popleft() for _ in range(min(n, len(self._unadded)))]
+
     def _add(self, proposals: list[Proposal]) -> list[TrialRecord]:
         """Record the proposals as queued trials; those that break a rule are finished at
-        once as infeasible (and told). Returns the ones to run."""
-        judged, runnable = [], []
-        for proposal in proposals:
-            record = self.store.add_trial(
-                self.campaign.id,
-                proposal.layout,
-                predicted=_prediction(proposal),
-                origin=proposal.origin,
-                proxy_dp=None if proposal.proxy is None else proposal.proxy.dp,
-            )
+        once as infeasible (and told). Returns the ones to run; those the store could not
+        take (it is down) wait for it in :attr:`_unadded`."""
+        runnable = []
+        for index, proposal in enumerate(proposals):
+            try:
+                record = self._stored(
+                    self.store.add_trial,
+                    self.campaign.id,
+                    proposal.layout,
+                    predicted=_prediction(proposal),
+                    origin=proposal.origin,
+                    proxy_dp=None if proposal.proxy is None else proposal.proxy.dp,
+                )
+            except StoreUnavailableError:
+                self._unadded.extend(proposals[index:])
+                break
             problems = layout_problems(self.space, proposal.layout)
             if problems:
-                judged.append(self._finish_infeasible(record, problems))
+                result = TrialResult(status=TrialState.INFEASIBLE, error="; ".join(problems))
+                self.unwritten.append(_Unwritten(record, result, judged=True))
             else:
                 runnable.append(record)
-        self.strategy.finished(judged)
+        self._flush()
         return runnable
 
     def _launch(self, record: TrialRecord) -> None:
@@ -305,21 +462,17 @@ class Driver:
         )
         hosts = self.backend.submit(spec)
         self._no_room_since = None
-        self.running[spec.trial_id] = self.store.mark_running(
-            record.id, hosts, attempt=record.attempt + 1
-        )
-
-    def _finish_infeasible(
-        self, record: TrialRecord, problems: list[str]
-    ) -> tuple[TrialRecord, TrialResult]:
-        result = TrialResult(status=TrialState.INFEASIBLE, error="; ".join(problems))
-        record = self.store.finish_trial(record.id, result, None)
-        self._count(record)
-        self.observers.trial_finished(self.campaign, record)
-        return record, result
+        # A trial the store could not mark running runs all the same: it stays queued there,
+        # and its result is recorded from that state.
+        self.running[spec.trial_id] = record
+        with contextlib.suppress(StoreUnavailableError):
+            self.running[spec.trial_id] = self._stored(
+                self.store.mark_running, record.id, hosts, attempt=record.attempt + 1
+            )
 
     def _record(self, finished: list[Finished]) -> None:
-        told = []
+        """Take the backend's finished trials; they are written (and told) by
+        :meth:`_flush` now, or when the store is back."""
         for item in finished:
             record = self.running.pop(item.trial_id, None)
             if record is None:  # cancelled, or not ours
@@ -337,42 +490,26 @@ class Driver:
                     status=TrialState.INTERRUPTED,
                     error=f"{result.error} (while the job ended: {self.stop.reason})",
                 )
-            if result.status is TrialState.INTERRUPTED:
-                self._interrupt(record, result)
-                continue
-            result = self.strategy.record_result(record, result)
+            if result.status is not TrialState.INTERRUPTED:
+                result = self.strategy.record_result(record, result)
             objective = result.objective(self.metric)
             value = objective if isinstance(objective, float) else None
-            record = self.store.finish_trial(record.id, result, value)
-            self._count(record)
-            self.crashes.add(record)
-            self.observers.trial_finished(self.campaign, record)
-            self._finished_here += 1
-            self._last_finish = time.monotonic()
-            told.append((record, result))
+            self.unwritten.append(_Unwritten(record, result, value))
         # A drain ends this session: what its last results teach the strategy is learnt
         # again from the store when the campaign continues, so its grace goes to recording
         # them, not to refitting DeepHyper and the residual field (a second of CPU for a
-        # first result on 2 idle cores, many on a loaded node).
-        if not self._draining:
-            self.strategy.finished(told)
-
-    def _interrupt(self, record: TrialRecord, result: TrialResult) -> None:
-        """A trial stopped from outside (the job ending kills every process of its step) is
-        no outcome of its layout: it is neither counted nor told, and runs again, now or
-        when the campaign continues."""
-        self.store.finish_trial(record.id, result, None)
-        if self.stop.requested:
-            self._interrupted_outside += 1
-        else:
-            self.queue.append(self.store.requeue(record.id))
+        # first result on 2 idle cores, many on a loaded node); _flush tells nothing then.
+        if self.outage.due_in_s() == 0:
+            self._flush(tell_empty=True)
 
     def _count(self, record: TrialRecord) -> None:
         self.finished += 1
+        self.states[record.state] += 1
         if record.state.failed:
             self.failed += 1
         if record.objective is not None and (self.best is None or record.objective > self.best[0]):
             self.best = (record.objective, record.layout)
+            self.best_record = record
 
     def _drain(self, outcome: Outcome) -> Outcome:
         """Let running trials finish within the grace period; interrupt the rest."""
@@ -389,17 +526,56 @@ class Driver:
             self.lease.check()
             self._record(self._poll(min(self.settings.poll_s, left)))
             self.progress.update(self.snapshot())
+        cancelled = len(self.running)
         for trial_id in list(self.running):
             self.backend.cancel(trial_id)
         self.running.clear()
         self.lease.check()
-        self.interrupted = self.store.mark_interrupted(self.campaign.id)
+        self._flush()
+        try:
+            if self.unwritten:
+                raise StoreUnavailableError(self.outage.error or "the store is unreachable")
+            self.interrupted = self._stored(self.store.mark_interrupted, self.campaign.id)
+        except StoreUnavailableError:
+            # The next session interrupts and re-queues what the store still shows running.
+            self.interrupted = cancelled
+            self._keep_unwritten()
+            outcome = Outcome.STORE_DOWN
         self.interrupted += self._interrupted_outside
         if self.finished >= self.settings.budget and not self.interrupted:
             # The last trials finished within the grace: nothing is left for a resume (a job
             # chain would otherwise spend a job finding that out).
             return Outcome.BUDGET
         return outcome
+
+    def _keep_unwritten(self) -> None:
+        """Keep the finished results the store did not take in the campaign's file, and
+        say how many and where (:attr:`detail`); interrupted trials need no keeping."""
+        kept = [
+            KeptResult(item.record, item.result, item.objective)
+            for item in self.unwritten
+            if item.result.status is not TrialState.INTERRUPTED
+        ]
+        self._interrupted_outside += len(self.unwritten) - len(kept)
+        lasted = (
+            f"the store was unreachable for {self.outage.lasted_s:.0f} s; its last error: "
+            f"{self.outage.error}"
+        )
+        if not kept:
+            self.detail = f"every finished result was written; {lasted}"
+            return
+        try:
+            path = keep(self.store, self.campaign, kept)
+        except OSError as error:
+            self.detail = (
+                f"{len(kept)} finished result(s) could not be written, nor kept in a file "
+                f"({error}): they are lost, and their layouts run again\n{lasted}"
+            )
+            return
+        self.detail = (
+            f"{len(kept)} finished result(s) could not be written and are kept in {path}: "
+            f"`parsearch resume` records them without running them again\n{lasted}"
+        )
 
     def _timed_out(self) -> bool:
         limit = self.settings.timeout_s

@@ -20,7 +20,7 @@ import socket
 import threading
 import uuid
 
-from parsearch.errors import CampaignLockedError, StoreError, UsageError
+from parsearch.errors import CampaignLockedError, StoreError, StoreUnavailableError, UsageError
 from parsearch.store import Store
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,11 @@ class Lease:
             try:
                 self.store.release_lease(self.campaign_id, self.owner)
             except StoreError as error:
-                if exc_type is None:
+                if exc_type is None and not isinstance(error, StoreUnavailableError):
                     raise
-                # The error that ended the session (say a full disk) is the one to report;
-                # a lease left behind by an exited process is taken over at once.
+                # The error that ended the session (say a full disk) or the outage it
+                # drained for is the one to report; a lease left behind by an exited process
+                # is taken over at once.
                 log.warning("could not release the lease: %s", error)
 
     def check(self) -> None:

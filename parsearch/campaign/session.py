@@ -23,12 +23,20 @@ from parsearch.backends import Backend, create_backend
 from parsearch.campaign import DEFAULT_BUDGET
 from parsearch.campaign.crash_streak import DEFAULT_CRASH_LIMIT
 from parsearch.campaign.driver import Driver, DriverSettings, Outcome
+from parsearch.campaign.kept import record_kept
 from parsearch.campaign.lease import DEFAULT_STALE_AFTER_S, Lease, check_lease_timeout
 from parsearch.campaign.observers import Observers
+from parsearch.campaign.outage import DEFAULT_OUTAGE_LIMIT_S
 from parsearch.campaign.progress import Progress, format_duration
 from parsearch.campaign.signals import StopRequest
 from parsearch.campaign.warm_start import load_warm_start, store_warm_start_source
-from parsearch.errors import CampaignLockedError, ParsearchError, StoreError, UsageError
+from parsearch.errors import (
+    CampaignLockedError,
+    ParsearchError,
+    StoreError,
+    StoreUnavailableError,
+    UsageError,
+)
 from parsearch.estimate.profile import profile_from_dict, profile_to_dict
 from parsearch.inputs import MAX_BUDGET, MAX_SLOTS, name_problem, seconds
 from parsearch.result import TrialState
@@ -71,6 +79,8 @@ class CampaignSettings:
     timeout_s: float | None = None
     grace_s: float = 60.0
     lease_timeout_s: float = DEFAULT_STALE_AFTER_S
+    # How long the store may stay unreachable before the session drains and keeps its results.
+    store_outage_limit_s: float = DEFAULT_OUTAGE_LIMIT_S
     crash_limit: int = DEFAULT_CRASH_LIMIT  # alike crashes in a row before any trial ran
     machine: str | None = None  # a machine profile given with --machine
     proxy: bool = False  # explore by proxy trials at fewer replicas, confirm at full scale
@@ -81,6 +91,7 @@ class CampaignSettings:
         for option, value, allow_zero in (
             ("--timeout", self.timeout_s, False),
             ("--grace", self.grace_s, True),
+            ("--store-outage-limit", self.store_outage_limit_s, True),
         ):
             try:
                 if value is not None:
@@ -468,6 +479,13 @@ def _session(
         parts = parts or _Parts.build(space, settings, campaign.seed, backend)
         # Closed before the lease is released: no trial outlives its driver's lease.
         stack.callback(parts.close)
+        recorded, kept_file = record_kept(store, campaign)
+        if recorded:
+            print(
+                f"note: recorded {recorded} finished result(s) that an earlier session could "
+                f"not write to the store, from {kept_file}",
+                file=sys.stderr,
+            )
         history = _reopen(store, campaign)
         campaign = store.update_campaign(
             campaign.id,
@@ -499,6 +517,7 @@ def _session(
                     timeout_s=settings.timeout_s,
                     grace_s=settings.grace_s,
                     crash_limit=settings.crash_limit,
+                    outage_limit_s=settings.store_outage_limit_s,
                 ),
                 stop=stop,
                 progress=progress,
@@ -512,18 +531,26 @@ def _session(
             parts.close()  # its trials stop before the campaign is marked stopped
             _record_failure(store, campaign, error)
             raise
-        campaign = store.update_campaign(
-            campaign.id,
-            status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,
-            finished_at=time.time() if outcome.complete else None,
-            stop_reason=None if outcome.complete else driver.detail or outcome.value,
-            stopped_at=None if outcome.complete else time.time(),
-        )
+        try:
+            campaign = store.update_campaign(
+                campaign.id,
+                status=CampaignStatus.FINISHED if outcome.complete else CampaignStatus.STOPPED,
+                finished_at=time.time() if outcome.complete else None,
+                stop_reason=None if outcome.complete else driver.detail or outcome.value,
+                stopped_at=None if outcome.complete else time.time(),
+            )
+            counts, best = store.counts(campaign.id), store.best(campaign.id)
+        except StoreUnavailableError:
+            if outcome is not Outcome.STORE_DOWN:
+                raise
+            # The store stays down: what this session knows is the report; the campaign
+            # shows running with no driver until the next session, which sets it right.
+            counts, best = dict(driver.states), driver.best_record
         return SessionSummary(
             campaign=campaign,
             outcome=outcome,
-            counts=store.counts(campaign.id),
-            best=store.best(campaign.id),
+            counts=counts,
+            best=best,
             interrupted=driver.interrupted,
             elapsed_s=time.monotonic() - started,
             detail=driver.detail,

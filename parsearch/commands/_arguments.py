@@ -8,6 +8,7 @@ from typing import Any
 
 from parsearch.backends import BACKENDS, parse_options
 from parsearch.campaign.lease import MAX_STALE_AFTER_S, MIN_STALE_AFTER_S, check_lease_timeout
+from parsearch.campaign.outage import DEFAULT_OUTAGE_LIMIT_S
 from parsearch.errors import UsageError
 from parsearch.inputs import budget, crash_limit, grace_seconds, option, seconds, slots
 from parsearch.units import parse_bytes
@@ -74,6 +75,14 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, resume: bool) -> N
         f"{MIN_STALE_AFTER_S:g} to {MAX_STALE_AFTER_S:g}{keep or ' (60)'}",
     )
     parser.add_argument(
+        "--store-outage-limit",
+        type=option(grace_seconds),
+        metavar="SECONDS",
+        help="how long the store may stay unreachable (a server restart, a stalled network "
+        "filesystem) before the driver drains, keeping the results it could not write for "
+        f"`resume`{keep or f' ({DEFAULT_OUTAGE_LIMIT_S:g})'}",
+    )
+    parser.add_argument(
         "--crash-limit",
         type=option(crash_limit),
         metavar="N",
@@ -93,6 +102,7 @@ def session_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "timeout_s": args.timeout,
         "grace_s": args.grace,
         "lease_timeout_s": args.lease_timeout,
+        "store_outage_limit_s": args.store_outage_limit,
         "crash_limit": args.crash_limit,
     }
     if args.backend_opt is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from parsearch.errors import StoreError, StoreFullError
+from parsearch.errors import StoreError, StoreFullError, StoreUnavailableError
 
 MEMORY = ":memory:"
 
@@ -202,7 +202,7 @@ class Database:
         code = getattr(exc, "sqlite_errorname", "")
         where = self.path
         if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-            return StoreError(
+            return StoreUnavailableError(
                 f"store {where} stayed locked for more than {self.timeout_s:g} s while "
                 f"{action}: another process is writing it. Only one parsearch driver may "
                 f"write a store; query commands open it read-only"
@@ -233,7 +233,8 @@ class Database:
                 f"{space or 'the disk is full'}"
             )
         if code.startswith("SQLITE_IOERR"):
-            return StoreError(
+            # A network filesystem that stalls fails this way too: a later try may succeed.
+            return StoreUnavailableError(
                 f"I/O error on store {where} while {action} ({exc}); if it lies on a network "
                 f"filesystem without POSIX locks (Lustre needs -o flock), move it to one "
                 f"with locks or to a local disk"

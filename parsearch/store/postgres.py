@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import parsearch.store.schema as schema
-from parsearch.errors import StoreError
+from parsearch.errors import StoreError, StoreUnavailableError
 from parsearch.store.connection import Database
 from parsearch.store.sqlite import SQLiteStore
 
@@ -252,11 +252,12 @@ class PostgresDatabase(Database):
         self.timeout_s = timeout_s
         self.path = shown_url(url)
         self._lock = threading.RLock()
+        self._url = url
         # The lock a write transaction is waiting for: ("campaign" | "trial", id) or
         # ("store", None); None once it holds it (see serialise).
         self._awaited: tuple[str, int | None] | None = None
         try:
-            self._conn = psycopg.connect(url, autocommit=True, **self._connect_defaults(url))
+            self._conn = self._server_connection()
         except psycopg.Error as exc:
             raise StoreError(
                 f"cannot connect to store {self.path}: {str(exc).strip()}; check that the "
@@ -265,8 +266,22 @@ class PostgresDatabase(Database):
         try:
             self.settings = self._configure_session()
         except psycopg.Error as exc:
-            self._conn.close()
             raise self.error(exc, "opening it") from exc
+
+    def _server_connection(self) -> psycopg.Connection[Any]:
+        return self._psycopg.connect(
+            self._url, autocommit=True, **self._connect_defaults(self._url)
+        )
+
+    def _reconnect(self) -> None:
+        """A new session with the store's settings after the server dropped the last (a
+        restart, a failover)."""
+        self._conn = self._server_connection()
+        try:
+            self.settings = self._configure_session()
+        except BaseException:
+            self._conn.close()  # the next transaction tries again
+            raise
 
     def _connect_defaults(self, url: str) -> dict[str, str]:
         """libpq parameters the store chooses where neither the URL nor the environment
@@ -309,6 +324,20 @@ class PostgresDatabase(Database):
         return {name: str(self._conn.execute(f"SHOW {name}").fetchone()[0]) for name in wanted}
 
     def _begin(self, write: bool) -> None:
+        """Begin on a live connection: a lost one is opened again (once more if it breaks at
+        ``BEGIN``: the server restarted while it was idle); a failure to reconnect is an
+        :class:`~parsearch.errors.StoreUnavailableError` that the driver retries."""
+        if self._conn.closed:
+            self._reconnect()
+        try:
+            self._begin_on_connection(write)
+        except self._psycopg.OperationalError:
+            if not self._conn.closed:
+                raise
+            self._reconnect()
+            self._begin_on_connection(write)
+
+    def _begin_on_connection(self, write: bool) -> None:
         """A write is READ COMMITTED, and takes its campaign's lock first
         (:meth:`serialise`); a read sees one snapshot."""
         if write:
@@ -379,7 +408,7 @@ class PostgresDatabase(Database):
         if isinstance(exc, errors.UniqueViolation):
             return StoreError(f"store {where}: {action} would record a row twice ({exc})")
         if isinstance(exc, self._psycopg.OperationalError):
-            return StoreError(
+            return StoreUnavailableError(
                 f"lost the connection to store {where} while {action} ({str(exc).strip()}); "
                 "nothing of it was written; check the server and run the command again"
             )
