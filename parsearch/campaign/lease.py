@@ -68,7 +68,9 @@ class Lease:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
+    ) -> None:
         self._stop.set()
         self._thread.join()
         if self._lost is None:
@@ -79,8 +81,12 @@ class Lease:
                     raise
                 # The error that ended the session (say a full disk) or the outage it
                 # drained for is the one to report; a lease left behind by an exited process
-                # is taken over at once.
-                log.warning("could not release the lease: %s", error)
+                # is taken over at once. Said after that error, as a note of it, not before.
+                said = f"could not release the lease: {error}"
+                if exc is not None:
+                    exc.add_note(said)
+                else:
+                    log.warning("warning: %s", said)
 
     def check(self) -> None:
         """Raise :class:`CampaignLockedError` if another driver took the campaign over."""

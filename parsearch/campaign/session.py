@@ -59,6 +59,7 @@ from parsearch.store import (
     fidelity_note,
     is_postgres_url,
     open_store,
+    resume_command,
 )
 
 
@@ -150,8 +151,8 @@ class SessionSummary:
             lines.append("no trial succeeded yet")
         if not self.outcome.complete:
             lines.append(
-                f"{self.interrupted} trial(s) interrupted; continue with: parsearch resume "
-                f"--store {store_path} --name {campaign.name}"
+                f"{self.interrupted} trial(s) interrupted; continue with: "
+                f"{resume_command(store_path, campaign.name)}"
             )
         return "\n".join(lines)
 
@@ -211,13 +212,9 @@ def start_campaign(
         if any(c.name == name for c in store.list_campaigns()):
             if parts is not None:
                 parts.close()
-            if resume_overrides is None:
-                raise StoreError(
-                    f"campaign '{name}' already exists in {store.path}; continue it with "
-                    f"`parsearch resume --store {store_path} --name {name}` (or `run "
-                    "--resume`), or pass another --name"
-                )
             campaign = chosen_campaign(store, name)
+            if resume_overrides is None:
+                raise CampaignExistsError.of(name, str(store_path), campaign.created_at)
             if campaign.space != space.raw:
                 print(
                     f"warning: {source} differs from the space campaign '{name}' was "
@@ -598,7 +595,7 @@ def _record_failure(store: Store, campaign: Campaign, error: Exception) -> None:
         )
     error.add_note(
         "every finished trial is kept in the store; unfinished ones run again when you continue "
-        f"with: parsearch resume --store {store.path} --name {campaign.name}"
+        f"with: {resume_command(store.path, campaign.name)}"
     )
 
 

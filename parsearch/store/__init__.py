@@ -19,7 +19,7 @@ from parsearch.store.records import (
     fidelity_note,
 )
 from parsearch.store.schema import SCHEMA_VERSION
-from parsearch.store.sqlite import CampaignExistsError, SQLiteStore
+from parsearch.store.sqlite import CampaignExistsError, SQLiteStore, resume_command
 
 
 def open_store(path: str | os.PathLike[str], readonly: bool = False) -> Store:
@@ -43,4 +43,5 @@ __all__ = [
     "fidelity_note",
     "is_postgres_url",
     "open_store",
+    "resume_command",
 ]

@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import platform
+import shlex
 import socket
 import sqlite3
 import time
@@ -92,6 +93,27 @@ _STATE_VALUES = frozenset(state.value for state in TrialState)
 class CampaignExistsError(StoreError):
     """:meth:`SQLiteStore.create_campaign` of a name the store holds (another driver may
     have created it an instant before: ``run --resume`` then continues it)."""
+
+    @classmethod
+    def of(cls, name: str, where: str, created_at: float) -> CampaignExistsError:
+        """The one text for a name taken, whoever finds it (``run``'s look before it
+        creates, or the store's own check inside the creating transaction)."""
+        return cls(
+            f"campaign '{name}' already exists in {where} (created {_when(created_at)}); "
+            f"continue it with `{resume_command(where, name)}` (or `run --resume`), or pass "
+            "another --name"
+        )
+
+
+def resume_command(store: str | os.PathLike[str], name: str) -> str:
+    """``parsearch resume`` for ``name`` in ``store`` as a user can paste it. A URL's
+    password is left out, never shown masked (a masked one would not connect): libpq reads
+    it from ``PGPASSWORD`` or ``~/.pgpass``."""
+    from parsearch.store.postgres import without_password
+
+    where = without_password(str(store))
+    note = " (the password from PGPASSWORD or ~/.pgpass)" if where != str(store) else ""
+    return f"parsearch resume --store {shlex.quote(where)} --name {shlex.quote(name)}{note}"
 
 
 class SQLiteStore:
@@ -226,11 +248,7 @@ class SQLiteStore:
                 "SELECT created_at FROM campaigns WHERE name = ?", (name,)
             ).fetchone()
             if existing:
-                raise CampaignExistsError(
-                    f"campaign '{name}' already exists in {self.path} (created "
-                    f"{_when(existing[0])}); continue it with `parsearch resume`, or choose "
-                    f"another name"
-                )
+                raise CampaignExistsError.of(name, self.path, existing[0])
             cursor = conn.execute(
                 "INSERT INTO campaigns (name, space, space_path, seed, budget, backend, "
                 "settings, versions, objective_metric, created_at, status) "
