@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from parsearch.commands.plan import plan_rows
 from parsearch.config import AllocationSpec, ModelSpec, MoESpec, ParallelLayout
 from parsearch.estimate import EstimateSettings, memory_per_rank, predict
 from parsearch.estimate.band import predict_band
@@ -16,6 +17,7 @@ from parsearch.estimate.memory import expert_shard_group, moe_dispatch_bytes, st
 from parsearch.estimate.profile import with_machine
 from parsearch.estimate.timing import all_to_all_s, expert_gemm_efficiency, moe_comm_layer_s
 from parsearch.profiles import load_profile, shipped
+from parsearch.space import load_space
 
 # Mixtral-8x7B (Mistral AI's config.json): 46.7B parameters, 12.9B active per token
 # (https://mistral.ai/news/mixtral-of-experts).
@@ -101,8 +103,9 @@ def test_expert_memory_falls_with_ep_and_shards_over_edp() -> None:
     by_ep = {ep: memory_per_rank(MIXTRAL, replace(base, ep=ep), settings) for ep in (1, 2, 8)}
     weights = {ep: m.expert_weights for ep, m in by_ep.items()}
     assert weights[1] == pytest.approx(2 * weights[2]) == pytest.approx(8 * weights[8]), weights
-    # Dense weights do not depend on ep.
-    assert len({m.weights for m in by_ep.values()}) == 1
+    # The dense part does not depend on ep; weights count the experts' too.
+    assert len({m.breakdown()["dense"] for m in by_ep.values()}) == 1
+    assert by_ep[1].weights > by_ep[1].expert_weights > 0
     # The distributed optimizer shards the experts' states over edp = dp/ep ranks.
     for ep, estimate in by_ep.items():
         edp = expert_shard_group(replace(base, ep=ep))
@@ -186,3 +189,30 @@ def test_imbalance_slows_the_step_and_the_band_spans_it() -> None:
     dense_layout = replace(layout, ep=1)
     dense_band = predict_band(dense, dense_layout, H100_16, only_imbalance)
     assert dense_band.tokens_per_s_low == pytest.approx(dense_band.tokens_per_s_high)
+
+
+def test_plan_rows_carry_the_memory_breakdown(tmp_path) -> None:
+    space_file = tmp_path / "moe.yaml"
+    space_file.write_text(
+        """
+name: moe-rows
+model: {name: small-moe, arch: llama, num_layers: 4, hidden_size: 1024, num_heads: 8,
+        vocab_size: 32000, seq_length: 2048,
+        moe: {num_experts: 8, top_k: 2, expert_ffn_hidden_size: 1024}}
+allocation: {name: one-node, nodes: 1, devices_per_node: 8, device_memory: 80GiB,
+             peak_tflops: 989}
+search: {tp: [1, 2], pp: [1], ep: [1, 2, 8], mbs: [1], gas: [1, 4]}
+objective: tokens_per_s
+trainer: {kind: builtin}
+"""
+    )
+    rows = plan_rows(load_space(space_file).plan(), top=50)
+    assert rows and {row["ep"] for row in rows} == {1, 2, 8}, rows
+    for row in rows:
+        parts = {key: value for key, value in row.items() if key.startswith("mem_")}
+        assert set(parts) == {
+            f"mem_{part}_bytes"
+            for part in ("dense", "experts", "optimizer", "activations", "buffers", "overhead")
+        }
+        assert sum(parts.values()) == pytest.approx(row["peak_mem_bytes"]), row
+        assert parts["mem_experts_bytes"] > 0 and parts["mem_buffers_bytes"] > 0, row

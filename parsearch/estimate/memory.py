@@ -91,8 +91,8 @@ class MemoryEstimate:
     overhead: float
     stage: int = 0
     workspace: float = 0.0
-    # A mixture of experts' routed experts (``weights`` and the rest are the dense part),
-    # and its dispatch and combine buffers.
+    # Of ``weights``, ``grads`` and ``optimizer``: what a mixture of experts' routed experts
+    # hold; and its dispatch and combine buffers (counted in ``total``).
     expert_weights: float = 0.0
     expert_grads: float = 0.0
     expert_optimizer: float = 0.0
@@ -107,20 +107,19 @@ class MemoryEstimate:
             + self.activations
             + self.overhead
             + self.workspace
-            + self.expert_weights
-            + self.expert_grads
-            + self.expert_optimizer
             + self.dispatch
         )
 
     def breakdown(self) -> dict[str, float]:
         """Bytes by what holds them, as ``plan`` shows them: the dense weights and gradients,
         the routed experts' weights and gradients, all optimizer states, activations,
-        transient buffers (workspace, dispatch) and the runtime's overhead."""
+        transient buffers (workspace, dispatch) and the runtime's overhead; they sum to
+        :attr:`total`."""
+        experts = self.expert_weights + self.expert_grads
         return {
-            "dense": self.weights + self.grads,
-            "experts": self.expert_weights + self.expert_grads,
-            "optimizer": self.optimizer + self.expert_optimizer,
+            "dense": self.weights + self.grads - experts,
+            "experts": experts,
+            "optimizer": self.optimizer,
             "activations": self.activations,
             "buffers": self.workspace + self.dispatch,
             "overhead": self.overhead,
@@ -311,6 +310,9 @@ def memory_by_stage(
         weights = params * weight_b / (dp if layout.zero_stage >= 3 else 1)
         grads = params * grad_b / (dp if layout.zero_stage >= 2 else 1)
         optimizer = params * optim_b / (dp if layout.zero_stage >= 1 else 1)
+        expert_weights = experts * weight_b / (edp if layout.zero_stage >= 3 else 1)
+        expert_grads = experts * grad_b / (edp if layout.zero_stage >= 2 else 1)
+        expert_optimizer = experts * optim_b / (edp if layout.zero_stage >= 1 else 1)
         in_flight = _in_flight_microbatches(layout, stage, schedule)
         activations = in_flight * dense_layers * act_layer + in_flight * moe_layers * act_moe
         if layout.recompute == "full":
@@ -328,16 +330,16 @@ def memory_by_stage(
             if layout.zero_stage >= 3:
                 workspace = zero3_buffer_bytes(model, layout, settings)
         estimate = MemoryEstimate(
-            weights=weights,
-            grads=grads,
-            optimizer=optimizer,
+            weights=weights + expert_weights,
+            grads=grads + expert_grads,
+            optimizer=optimizer + expert_optimizer,
             activations=activations,
             overhead=float(settings.runtime_overhead_bytes),
             stage=stage,
             workspace=workspace,
-            expert_weights=experts * weight_b / (edp if layout.zero_stage >= 3 else 1),
-            expert_grads=experts * grad_b / (edp if layout.zero_stage >= 2 else 1),
-            expert_optimizer=experts * optim_b / (edp if layout.zero_stage >= 1 else 1),
+            expert_weights=expert_weights,
+            expert_grads=expert_grads,
+            expert_optimizer=expert_optimizer,
             dispatch=moe_dispatch_bytes(model, layout, settings) if moe_layers else 0.0,
         )
         if settings.framework == "torch":
@@ -442,7 +444,6 @@ def _torch_memory(
     if model.moe is None:
         root = params - (model.num_layers // pp) * layer
     else:
-        # The routed experts keep Megatron's accounting (expert_*) here.
         root = params - stage_dense_params(model, layout, layers)
     optimizer = params * 8 / (dp if layout.zero_stage else 1)
     if layout.zero_stage == 0:
@@ -469,7 +470,14 @@ def _torch_memory(
             # The schedule keeps the last stage's output (the logits) of every micro-batch
             # until the step returns, to merge them.
             workspace += layout.gas * tokens * model.vocab_size / t * e
-    return replace(estimate, weights=weights, grads=grads, optimizer=optimizer, workspace=workspace)
+    # The routed experts keep Megatron's accounting (expert_*).
+    return replace(
+        estimate,
+        weights=weights + estimate.expert_weights,
+        grads=grads + estimate.expert_grads,
+        optimizer=optimizer + estimate.expert_optimizer,
+        workspace=workspace,
+    )
 
 
 def memory_per_rank(
