@@ -216,3 +216,10 @@ trainer: {kind: builtin}
         }
         assert sum(parts.values()) == pytest.approx(row["peak_mem_bytes"]), row
         assert parts["mem_experts_bytes"] > 0 and parts["mem_buffers_bytes"] > 0, row
+
+
+def test_moe_layers_keep_only_the_attentions_tp_all_reduces() -> None:
+    layout = ParallelLayout(tp=2, pp=1, dp=64, mbs=1, gas=4, ep=8, sequence_parallel=True)
+    moe = predict(MIXTRAL, layout, H100_16, EstimateSettings())
+    dense = predict(replace(MIXTRAL, moe=None), replace(layout, ep=1), H100_16, EstimateSettings())
+    assert moe.tp_comm_s == pytest.approx(dense.tp_comm_s / 2), (moe.tp_comm_s, dense.tp_comm_s)

@@ -761,20 +761,26 @@ def predict(
     activation_bytes = tokens_per_rank(model, layout) * model.hidden_size * e
     allreduces_per_layer = 6 if layout.recompute == "full" else 4
     layers_per_stage = model.num_layers // pp
-    tp_slot = (
-        layers_per_stage
-        * allreduces_per_layer
-        * tp_allreduce_s(activation_bytes, tp, allocation, settings)
-    )
+    tp_allreduce = tp_allreduce_s(activation_bytes, tp, allocation, settings)
+    # An MoE layer keeps the attention's TP all-reduces only: its tokens reach the experts by
+    # all-to-all (and expert TP's gathers, in moe_comm_layer_s), not by the MLP's all-reduce.
+    tp_slots = [
+        (dense_layers * allreduces_per_layer + moe_layers * allreduces_per_layer // 2)
+        * tp_allreduce
+        if model.moe is not None
+        else layers_per_stage * allreduces_per_layer * tp_allreduce
+        for dense_layers, moe_layers in stage_layers(model, layout)
+    ]
     cp_slot = layers_per_stage * cp_ring_exposed_s(model, layout, allocation, settings)
     moe_layer = 0.0 if model.moe is None else moe_comm_layer_s(model, layout, allocation, settings)
     moe = [moe_layers * moe_layer for _, moe_layers in stage_layers(model, layout)]
-    busiest = max(range(pp), key=lambda stage: stages[stage] + moe[stage])
-    compute_slot, moe_slot = stages[busiest], moe[busiest]
+    busy = [
+        stage + tp + cp_slot + comm for stage, tp, comm in zip(stages, tp_slots, moe, strict=True)
+    ]
+    busiest = max(range(pp), key=lambda stage: busy[stage])
+    compute_slot, tp_slot, moe_slot = stages[busiest], tp_slots[busiest], moe[busiest]
     slot = compute_slot + tp_slot + cp_slot + moe_slot
-    bubble_slots = bubble_in_slots(
-        [stage + tp_slot + cp_slot + comm for stage, comm in zip(stages, moe, strict=True)], vpp
-    )
+    bubble_slots = bubble_in_slots(busy, vpp)
     p2p = 0.0
     if pp > 1:
         p2p_bytes = activation_bytes / (tp if layout.sequence_parallel else 1)
