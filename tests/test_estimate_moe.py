@@ -15,6 +15,7 @@ from parsearch.estimate.band import predict_band
 from parsearch.estimate.flops import active_param_count, flops_per_step, param_count
 from parsearch.estimate.memory import expert_shard_group, moe_dispatch_bytes, stage_layers
 from parsearch.estimate.profile import with_machine
+from parsearch.estimate.proxy import proxy_dps
 from parsearch.estimate.timing import all_to_all_s, expert_gemm_efficiency, moe_comm_layer_s
 from parsearch.profiles import load_profile, shipped
 from parsearch.space import load_space
@@ -223,3 +224,9 @@ def test_moe_layers_keep_only_the_attentions_tp_all_reduces() -> None:
     moe = predict(MIXTRAL, layout, H100_16, EstimateSettings())
     dense = predict(replace(MIXTRAL, moe=None), replace(layout, ep=1), H100_16, EstimateSettings())
     assert moe.tp_comm_s == pytest.approx(dense.tp_comm_s / 2), (moe.tp_comm_s, dense.tp_comm_s)
+
+
+def test_a_proxy_keeps_whole_expert_parallel_groups() -> None:
+    layout = ParallelLayout(tp=1, pp=1, dp=32, mbs=1, gas=1, ep=8, zero_stage=1)
+    assert proxy_dps(layout) == [8, 16]
+    assert proxy_dps(replace(layout, tp=2, ep=4)) == [2, 4, 8, 16]
