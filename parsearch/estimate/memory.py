@@ -24,9 +24,10 @@ combine buffers hold them once more (:func:`moe_dispatch_bytes`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
-from parsearch.config import ModelSpec, ParallelLayout
+from parsearch.config import ModelSpec, MoESpec, ParallelLayout
 from parsearch.estimate.flops import (
     embedding_params,
     head_params,
@@ -148,14 +149,21 @@ def stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[tuple[int, in
     """(dense, MoE) layers of each pipeline stage: stage ``s`` holds the model chunks ``j``
     of ``L/(pp·vpp)`` consecutive layers with ``j % pp == s`` (one chunk without
     interleaving), so DeepSeek's first dense layers fall on the first stage."""
-    per_stage = model.num_layers // layout.pp
     if model.moe is None:
-        return [(per_stage, 0)] * layout.pp
-    chunk = max(1, model.num_layers // (layout.pp * layout.vpp))
-    counts = [[0, 0] for _ in range(layout.pp)]
-    for index in range(per_stage * layout.pp):
-        counts[(index // chunk) % layout.pp][int(model.moe.is_moe_layer(index))] += 1
-    return [(dense, moe) for dense, moe in counts]
+        return [(model.num_layers // layout.pp, 0)] * layout.pp
+    return list(_moe_stage_layers(model.num_layers, layout.pp, layout.vpp, model.moe))
+
+
+@functools.lru_cache(maxsize=1024)
+def _moe_stage_layers(
+    num_layers: int, pp: int, vpp: int, moe: MoESpec
+) -> tuple[tuple[int, int], ...]:
+    """:func:`stage_layers` of an MoE model, cached: ``plan`` asks it for every layout."""
+    chunk = max(1, num_layers // (pp * vpp))
+    counts = [[0, 0] for _ in range(pp)]
+    for index in range(num_layers // pp * pp):
+        counts[(index // chunk) % pp][int(moe.is_moe_layer(index))] += 1
+    return tuple((dense, moe_layers) for dense, moe_layers in counts)
 
 
 def stage_dense_params(model: ModelSpec, layout: ParallelLayout, layers: tuple[int, int]) -> float:
