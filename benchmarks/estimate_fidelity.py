@@ -46,6 +46,30 @@ Sets (each transcribed below with its source):
   batch 8 = 8 micro-batches under PP).
   405B's 126 layers on 8 stages: the estimate gives each stage 15 (torchtitan splits
   unevenly), so its 405B step is ~5% short.
+* ``moe-published`` (issue 49, item 7): mixture-of-experts training throughput as published
+  on DGX H100 by NVIDIA's Megatron-Bridge performance summary (NVIDIA-NeMo/Megatron-Bridge
+  ``docs/performance-summary-archive.md``, commit 0a25f911: the "26.02 NeMo Container"
+  per-model tables' DGX-H100 rows, and the "25.11" and "25.09" DGX-H100 tables; GPUs, precision,
+  GBS, MBS, sequence, TP, PP, CP, VP, EP, tokens/s per GPU, model TFLOP/s per GPU). Every MoE
+  row there is token-dropless with "the token distribution among experts force-balanced" (the
+  page's note; the 25.09 Qwen3 rows are "tokendrop", taken at capacity factor 1, an
+  assumption) so the estimate's balanced load (``moe_imbalance`` 1) is the measured case. The
+  models: GPT-OSS-120B (36 layers, hidden 2880, 64 heads of 64, 8 K/V heads, 128 experts of
+  width 2880, top 4, vocabulary 201088), Qwen3-30B-A3B (48 layers, hidden 2048, 32 heads of
+  128, 4 K/V heads, 128 experts of 768, top 8, vocabulary 151936), Qwen3-235B-A22B (94
+  layers, hidden 4096, 64 heads of 128, 4 K/V heads, 128 experts of 1536, top 8) and
+  DeepSeek-V3 (61 layers, first 3 dense of width 18432, 256 experts of 2048 top 8 plus one
+  shared, hidden 7168, 128 heads), from their published config.json files. ``ModelSpec``
+  ties the head size to ``hidden/heads`` and has no multi-head latent attention or sliding
+  windows, so every one of these is described with lighter attention than it has (the
+  table prints the estimate's FLOPs per token against the page's TFLOP/s ÷ tokens/s, which
+  is that gap plus Megatron's causal halving); the ratio is therefore read on model TFLOP/s
+  too. Assumed (the page does not say): the distributed optimizer, no recompute, sequence
+  parallel under TP, expert TP 1. Most rows are FP8 (the estimate times bf16: ratios below 1
+  by about the FP8 speed-up); GPT-OSS's are bf16. Qwen3-235B's 94 and DeepSeek-V3's 61 layers
+  on 8 stages get 11 and 7 a stage in the estimate (Megatron-Bridge lays them out unevenly),
+  so those steps are 6-8% short. Rows of one model come from different releases: an order
+  pair there mixes the layout with the software.
 * ``narayanan-table2`` (kept aside, not looked at while changing the model): Narayanan et
   al. 2021 Table 2 (also plotted as Figure 10): ZeRO-3 without model parallelism vs PTD-P,
   175B and 530B, fixed global batch, achieved teraFLOP/s per GPU.
@@ -82,7 +106,7 @@ import numpy as np
 from scipy.optimize import linprog
 from truths import REPLAY_DIR, PublishedSweep
 
-from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.config import AllocationSpec, ModelSpec, MoESpec, ParallelLayout
 from parsearch.estimate import (
     EstimateSettings,
     flops_per_step,
@@ -834,7 +858,181 @@ def report_band_on_tables(name: str = "a100-80gb-dgx") -> None:
         )
 
 
+GPT_OSS_120B = ModelSpec(
+    name="gpt-oss-120b",
+    num_layers=36,
+    hidden_size=2880,
+    num_heads=64,
+    num_kv_heads=8,
+    ffn_hidden_size=2880,
+    vocab_size=201088,
+    seq_length=4096,
+    arch="llama",
+    moe=MoESpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),
+)
+QWEN3_30B_A3B = ModelSpec(
+    name="qwen3-30b-a3b",
+    num_layers=48,
+    hidden_size=2048,
+    num_heads=32,
+    num_kv_heads=4,
+    ffn_hidden_size=6144,
+    vocab_size=151936,
+    seq_length=4096,
+    arch="llama",
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+)
+QWEN3_235B_A22B = replace(
+    QWEN3_30B_A3B,
+    name="qwen3-235b-a22b",
+    num_layers=94,
+    hidden_size=4096,
+    num_heads=64,
+    ffn_hidden_size=12288,
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
+)
+DEEPSEEK_V3 = ModelSpec(
+    name="deepseek-v3",
+    num_layers=61,
+    hidden_size=7168,
+    num_heads=128,
+    ffn_hidden_size=18432,
+    vocab_size=129280,
+    seq_length=4096,
+    arch="llama",
+    moe=MoESpec(
+        num_experts=256,
+        top_k=8,
+        expert_ffn_hidden_size=2048,
+        shared_expert_ffn_hidden_size=2048,
+        first_dense_layers=3,
+    ),
+)
+# Megatron-Bridge docs/performance-summary-archive.md (commit 0a25f911), DGX-H100 rows:
+# (release, model, precision, GPUs, GBS, MBS, TP, PP, VP, EP, tokens/s/GPU, TFLOP/s/GPU,
+# capacity factor: None dropless).
+MEGATRON_BRIDGE_H100_MOE = [
+    ("26.02", GPT_OSS_120B, "bf16", 64, 1280, 1, 1, 4, 1, 8, 5993, 163, None),
+    ("25.11", GPT_OSS_120B, "bf16", 64, 512, 4, 1, 4, 1, 8, 5630, 153, None),
+    ("26.02", QWEN3_30B_A3B, "fp8", 16, 1024, 1, 1, 2, 12, 8, 5113, 118, None),
+    ("25.11", QWEN3_30B_A3B, "fp8", 16, 512, 2, 1, 2, 24, 8, 5275, 121, None),
+    ("25.09", QWEN3_30B_A3B, "fp8", 16, 512, 2, 1, 2, 24, 8, 10494, 241, 1.0),
+    ("26.02", QWEN3_235B_A22B, "fp8", 256, 8192, 1, 2, 8, 4, 32, 1633, 242, None),
+    ("25.11", QWEN3_235B_A22B, "fp8", 256, 2048, 1, 2, 8, 4, 32, 1575, 233, None),
+    ("25.09", QWEN3_235B_A22B, "fp8", 256, 2048, 1, 2, 8, 4, 32, 1204, 178, 1.0),
+    ("25.09", DEEPSEEK_V3, "fp8", 1024, 8192, 1, 2, 8, 4, 64, 1297, 338, None),
+]
+
+
+@dataclass(frozen=True)
+class MoeRun:
+    """One published MoE measurement: tokens/s and model TFLOP/s per GPU."""
+
+    release: str
+    model: ModelSpec
+    precision: str
+    layout: ParallelLayout
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+
+
+def moe_published() -> list[MoeRun]:
+    runs = []
+    for row in MEGATRON_BRIDGE_H100_MOE:
+        release, model, precision, gpus, gbs, mbs, tp, pp, vp, ep, tps, tflops, capacity = row
+        dp = gpus // (tp * pp)
+        shape = ParallelLayout(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            mbs=mbs,
+            gas=gbs // (dp * mbs),
+            vpp=vp,
+            ep=ep,
+            zero_stage=1,
+            sequence_parallel=tp > 1,
+        )
+        assert shape.world_size == gpus and shape.global_batch == gbs, row
+        if capacity is not None:
+            model = replace(model, moe=replace(model.moe, capacity_factor=capacity))
+        runs.append(MoeRun(release, model, precision, shape, tps, tflops))
+    return runs
+
+
+def moe_order(runs: list[MoeRun], predicted: list[float]) -> tuple[int, int]:
+    """Pairs of one model's rows at different layouts whose measured throughputs differ by
+    more than 2%: how many the estimate orders as measured, and how many there are."""
+    agree = total = 0
+    for i, j in itertools.combinations(range(len(runs)), 2):
+        a, b = runs[i], runs[j]
+        if a.model.name != b.model.name or a.layout == b.layout:
+            continue
+        ma, mb = a.tokens_per_s_per_gpu, b.tokens_per_s_per_gpu
+        if abs(ma - mb) <= 0.02 * max(ma, mb):
+            continue
+        total += 1
+        agree += (predicted[i] > predicted[j]) == (ma > mb)
+    return agree, total
+
+
+def report_moe(runs: list[MoeRun] | None = None) -> dict[str, dict[str, float]]:
+    """Issue 49, item 7: each published MoE row's ratio (predicted / measured tokens/s and
+    model TFLOP/s per GPU), the estimate's and the page's FLOPs per token, the all-to-all's
+    share of the step, memory, and the pairwise order between layouts of one model."""
+    runs = moe_published() if runs is None else runs
+    print("\n### published mixture-of-experts runs (DGX H100; FP8 rows estimated in bf16)\n")
+    print(
+        "| release | model | precision | layout | tokens/s measured | predicted | ratio "
+        "| TFLOP/s ratio | GFLOP/token ours / page | all-to-all | memory GiB "
+        "| ratio, h100-sxm-dgx profile |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    profile = load_profile("h100-sxm-dgx")
+    predicted, ratios, flop_ratios = [], [], []
+    for run in runs:
+        gpus = run.layout.world_size
+        allocation = replace(H100_DGX, nodes=max(1, gpus // 8))
+        settings = EstimateSettings()
+        prediction = predict(run.model, run.layout, allocation, settings)
+        per_gpu = prediction.tokens_per_s / gpus
+        ours = flops_per_step(run.model, 1) / run.model.seq_length
+        page = run.tflops_per_gpu * 1e12 / run.tokens_per_s_per_gpu
+        profiled = predict(
+            run.model, run.layout, allocation, with_machine(settings, profile, allocation)
+        )
+        predicted.append(per_gpu)
+        ratios.append(per_gpu / run.tokens_per_s_per_gpu)
+        flop_ratios.append(prediction.tflops_per_device / run.tflops_per_gpu)
+        print(
+            f"| {run.release} | {run.model.name} | {run.precision} | {run.layout.short()} | "
+            f"{run.tokens_per_s_per_gpu:.0f} | {per_gpu:.0f} | {ratios[-1]:.2f} | "
+            f"{flop_ratios[-1]:.2f} | {ours / 1e9:.0f} / {page / 1e9:.0f} | "
+            f"{prediction.moe_comm_s / prediction.step_time_s:.1%} | "
+            f"{prediction.memory.total / 2**30:.1f} | "
+            f"{profiled.tokens_per_s / gpus / run.tokens_per_s_per_gpu:.2f} |"
+        )
+    agree, total = moe_order(runs, predicted)
+    bf16 = [r for r, run in zip(ratios, runs, strict=True) if run.precision == "bf16"]
+    print(
+        f"\nrows {len(runs)}; tokens/s ratio {min(ratios):.2f}–{max(ratios):.2f} (bf16 rows "
+        f"{min(bf16):.2f}–{max(bf16):.2f}); TFLOP/s ratio {min(flop_ratios):.2f}–"
+        f"{max(flop_ratios):.2f}; layout pairs of one model ordered as measured: "
+        f"{agree} of {total}"
+    )
+    return {
+        "moe-published": {
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "agree": agree,
+            "pairs": total,
+        }
+    }
+
+
 def main() -> None:
+    if "--moe" in sys.argv[1:]:
+        report_moe()
+        return
     if "--band" in sys.argv[1:]:
         report_band()
         report_band_on_tables()
@@ -865,6 +1063,7 @@ def main() -> None:
     report_band()
     report_band_on_tables()
     report_cp()
+    report_moe()
     print("\n### Summary\n")
     print("| set | ratio range | pairwise | Spearman | same best |")
     print("|---|---|---|---|---|")

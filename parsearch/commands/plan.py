@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -44,13 +45,18 @@ BAND_NOTE = (
 def plan_rows(plan: SpacePlan, top: int) -> list[dict[str, Any]]:
     """The table's rows; with a profile that states uncertainties, each row also has its
     band (``tokens_per_s_low`` / ``_high``, ``mfu_low`` / ``_high``:
-    :func:`~parsearch.estimate.band.predict_band`)."""
+    :func:`~parsearch.estimate.band.predict_band`); every row has its peak memory per rank
+    broken down (``mem_dense_bytes``, ``mem_experts_bytes``, ``mem_optimizer_bytes``,
+    ``mem_activations_bytes``, ``mem_buffers_bytes``, ``mem_overhead_bytes``:
+    :meth:`~parsearch.estimate.memory.MemoryEstimate.breakdown`)."""
     space = plan.space
     rows = []
     for rank, (layout, prediction) in enumerate(plan.feasible[:top], start=1):
         row: dict[str, Any] = {"rank": rank, **layout.to_dict()}
         row.update(prediction.to_dict())
         row["trial_s"] = prediction.step_time_s * space.timed_steps
+        for part, size in prediction.memory.breakdown().items():
+            row[f"mem_{part}_bytes"] = size
         del row["fits"]
         band = predict_band(space.model, layout, space.allocation, space.estimate, space.schedule)
         if band is not None:
@@ -116,6 +122,10 @@ def profile_summary(space: Any) -> dict[str, Any] | None:
     profile = space.estimate.machine
     if profile is None:
         return None
+    if space.model.moe is None:
+        # The experts' load imbalance does not touch a dense model's prediction.
+        kept = tuple(item for item in profile.uncertainty if item.figure != "moe_imbalance")
+        profile = dataclasses.replace(profile, uncertainty=kept)
     return {
         "name": profile.name,
         "path": profile.path,
@@ -244,3 +254,6 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
             mfu = f"{row['mfu_low']:.1%}-{row['mfu_high']:.1%}"
             line += f" {tokens:>19} {mfu:>11}"
         print(line)
+    parts = [key for key in rows[0] if key.startswith("mem_") and key.endswith("_bytes")]
+    shown = ", ".join(f"{key[4:-6]} {format_bytes(rows[0][key])}" for key in parts)
+    print(f"memory per rank of #1: {shown}")

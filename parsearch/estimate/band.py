@@ -11,10 +11,11 @@ not measured spreads, so there is no distribution to propagate; and the predicte
 time is monotone in every figure (non-increasing in each rate, non-decreasing in each
 latency: every part of :func:`~parsearch.estimate.timing.predict` is a sum, a max or a
 product of such terms), so the lowest throughput over the box is at its slow corner (every
-rate at its low end, every latency at its high end) and the highest at its fast corner
-(``tests/test_band.py`` checks interior points against the corners). Taking every figure
-at its worst at once is the widest honest reading of independent bounds; a user who
-wants a narrower band states narrower ranges in the profile, with their sources.
+rate at its low end, every latency and the experts' load imbalance at its high end) and the
+highest at its fast corner (``tests/test_band.py`` checks interior points against the
+corners). Taking every figure at its worst at once is the widest honest reading of
+independent bounds; a user who wants a narrower band states narrower ranges in the
+profile, with their sources.
 
 The band lasts until a campaign measures a trial: from then on the campaign's calibrated
 estimate (:class:`~parsearch.search.calibration.CalibratedEstimate`) re-weights the
@@ -37,7 +38,8 @@ _INTRA = ("tp-intra-node", "dp-intra-node")
 def scaled_settings(settings: EstimateSettings, factors: dict[str, float]) -> EstimateSettings:
     """``settings`` (already carrying a profile, :func:`~parsearch.estimate.profile.
     with_machine`) with each named figure multiplied by its factor (a rate's factor > 1 is
-    faster, a latency's slower). A GEMM or attention rate never passes the peak."""
+    faster, a latency's or the experts' load imbalance's slower). A GEMM or attention rate
+    never passes the peak."""
     machine = settings.machine
     if machine is None:
         raise ValueError("the band needs a machine profile")
@@ -47,6 +49,7 @@ def scaled_settings(settings: EstimateSettings, factors: dict[str, float]) -> Es
     links, network = factors.get("node_links", 1.0), factors.get("network", 1.0)
     changes["compute_efficiency"] = min(settings.compute_efficiency * gemm, 1.0)
     changes["collective_latency_s"] = settings.collective_latency_s * latency
+    changes["moe_imbalance"] = settings.moe_imbalance * factors.get("moe_imbalance", 1.0)
     machine_changes: dict[str, object] = {
         "gemm": tuple(
             dataclasses.replace(point, efficiency=min(point.efficiency * gemm, 1.0))

@@ -86,8 +86,7 @@ class CollectiveFit:
     beta_s_per_byte: float
 
 
-# The figures a profile may state a range for (``uncertainty:``), and which of them is a
-# time (a latency: its high end is the slow one); the others are rates.
+# The figures a profile may state a range for (``uncertainty:``).
 UNCERTAIN_FIGURES: dict[str, str] = {
     "gemm": "the GEMM rate (the curve's cap, or each probed point)",
     "attention": "the fused attention rate (attention_tflops)",
@@ -95,8 +94,10 @@ UNCERTAIN_FIGURES: dict[str, str] = {
     "collective_latency": "every collective's per-step latency",
     "node_links": "the bandwidth of collectives inside a node",
     "network": "the bandwidth of collectives and transfers across nodes",
+    "moe_imbalance": "the busiest expert rank's tokens over the mean share (MoE models)",
 }
-LATENCY_FIGURES = frozenset({"collective_latency"})
+# Figures whose high end makes a step slower (a latency, a load factor); the others are rates.
+SLOW_WHEN_HIGH = frozenset({"collective_latency", "moe_imbalance"})
 UNCERTAINTY_BASES = ("assumption", "single point", "data sheet")
 
 
@@ -115,10 +116,10 @@ class FigureUncertainty:
 
     def slow(self) -> float:
         """The factor at the end that makes a step slower."""
-        return self.high if self.figure in LATENCY_FIGURES else self.low
+        return self.high if self.figure in SLOW_WHEN_HIGH else self.low
 
     def fast(self) -> float:
-        return self.low if self.figure in LATENCY_FIGURES else self.high
+        return self.low if self.figure in SLOW_WHEN_HIGH else self.high
 
 
 @dataclass(frozen=True)

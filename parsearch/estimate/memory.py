@@ -12,14 +12,29 @@ and the gradients and optimizer states are reduced and sharded over the ``dp·cp
 hold the same weights (:func:`shard_group`), as Megatron-core's distributed optimizer (its
 data-parallel group "with context parallel", ``megatron/core/parallel_state.py``) and
 torchtitan's FSDP (sharded over ``dp_shard·cp``, ``ParallelDims``) do.
+
+A mixture-of-experts layer's routed experts are split over ``ep·etp`` ranks, and their
+gradients and optimizer states are reduced and sharded over the expert data-parallel group of
+``edp = tp·cp·dp/(ep·etp)`` ranks that hold the same experts (:func:`expert_shard_group`;
+Megatron-core's "parallel folding", its expert data-parallel group). The rest of the layer (the
+attention, the shared experts, the router) is held as a dense layer's. Its activations keep
+the ``top_k`` routed copies of every token the rank's experts compute, and the dispatch and
+combine buffers hold them once more (:func:`moe_dispatch_bytes`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
-from parsearch.config import ModelSpec, ParallelLayout
-from parsearch.estimate.flops import embedding_params, head_params, layer_params
+from parsearch.config import ModelSpec, MoESpec, ParallelLayout
+from parsearch.estimate.flops import (
+    embedding_params,
+    head_params,
+    layer_params,
+    moe_layer_dense_params,
+    routed_expert_params,
+)
 from parsearch.estimate.machine import MachineProfile
 
 # Bytes per parameter for (weights, gradients, optimizer states) by precision. Mixed
@@ -53,6 +68,9 @@ class EstimateSettings:
     collective_latency_s: float = 30e-6
     framework: str = "megatron"
     machine: MachineProfile | None = None
+    # Tokens the busiest expert rank gets, over the mean tokens·k/E share: an assumption
+    # (the router's balance is not modelled); a profile's ``moe_imbalance`` range scales it.
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         if self.precision not in _STATE_BYTES:
@@ -74,6 +92,12 @@ class MemoryEstimate:
     overhead: float
     stage: int = 0
     workspace: float = 0.0
+    # Of ``weights``, ``grads`` and ``optimizer``: what a mixture of experts' routed experts
+    # hold; and its dispatch and combine buffers (counted in ``total``).
+    expert_weights: float = 0.0
+    expert_grads: float = 0.0
+    expert_optimizer: float = 0.0
+    dispatch: float = 0.0
 
     @property
     def total(self) -> float:
@@ -84,7 +108,23 @@ class MemoryEstimate:
             + self.activations
             + self.overhead
             + self.workspace
+            + self.dispatch
         )
+
+    def breakdown(self) -> dict[str, float]:
+        """Bytes by what holds them, as ``plan`` shows them: the dense weights and gradients,
+        the routed experts' weights and gradients, all optimizer states, activations,
+        transient buffers (workspace, dispatch) and the runtime's overhead; they sum to
+        :attr:`total`."""
+        experts = self.expert_weights + self.expert_grads
+        return {
+            "dense": self.weights + self.grads - experts,
+            "experts": experts,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "buffers": self.workspace + self.dispatch,
+            "overhead": self.overhead,
+        }
 
 
 def tokens_per_rank(model: ModelSpec, layout: ParallelLayout) -> float:
@@ -97,6 +137,115 @@ def shard_group(layout: ParallelLayout) -> int:
     """Ranks that hold the same weights and so reduce (and ZeRO-shard) one gradient: the
     data-parallel replicas times the context-parallel ranks of each."""
     return layout.dp * layout.cp
+
+
+def expert_shard_group(layout: ParallelLayout) -> int:
+    """The expert data-parallel group ``edp``: ranks that hold the same experts and so reduce
+    (and shard) their gradients, ``tp·cp·dp/(ep·etp)`` (Megatron-core's folding)."""
+    return layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp)
+
+
+def stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[tuple[int, int]]:
+    """(dense, MoE) layers of each pipeline stage: stage ``s`` holds the model chunks ``j``
+    of ``L/(pp·vpp)`` consecutive layers with ``j % pp == s`` (one chunk without
+    interleaving), so DeepSeek's first dense layers fall on the first stage."""
+    if model.moe is None:
+        return [(model.num_layers // layout.pp, 0)] * layout.pp
+    return list(_moe_stage_layers(model.num_layers, layout.pp, layout.vpp, model.moe))
+
+
+@functools.lru_cache(maxsize=1024)
+def _moe_stage_layers(
+    num_layers: int, pp: int, vpp: int, moe: MoESpec
+) -> tuple[tuple[int, int], ...]:
+    """:func:`stage_layers` of an MoE model, cached: ``plan`` asks it for every layout."""
+    chunk = max(1, num_layers // (pp * vpp))
+    counts = [[0, 0] for _ in range(pp)]
+    for index in range(num_layers // pp * pp):
+        counts[(index // chunk) % pp][int(moe.is_moe_layer(index))] += 1
+    return tuple((dense, moe_layers) for dense, moe_layers in counts)
+
+
+def stage_dense_params(model: ModelSpec, layout: ParallelLayout, layers: tuple[int, int]) -> float:
+    """Parameters of a stage's ``(dense, MoE)`` layers one rank holds besides the routed
+    experts: split over TP, except the router, which every TP rank keeps whole."""
+    dense_layers, moe_layers = layers
+    params = dense_layers * layer_params(model) / layout.tp
+    if moe_layers:
+        assert model.moe is not None
+        router = model.hidden_size * model.moe.num_experts
+        params += moe_layers * ((moe_layer_dense_params(model) - router) / layout.tp + router)
+    return params
+
+
+def stage_expert_params(model: ModelSpec, layout: ParallelLayout, moe_layers: int) -> float:
+    """Routed-expert parameters one rank holds: ``E/ep`` experts per MoE layer, each split
+    over ``etp``."""
+    if model.moe is None or not moe_layers:
+        return 0.0
+    experts = model.moe.num_experts * routed_expert_params(model)
+    return moe_layers * experts / (layout.ep * layout.etp)
+
+
+def moe_load(model: ModelSpec, settings: EstimateSettings) -> float:
+    """Tokens the busiest expert rank computes over the mean share: the assumed imbalance
+    when dropless, at most the capacity factor when tokens beyond capacity are dropped."""
+    assert model.moe is not None
+    capacity = model.moe.capacity_factor
+    if capacity is None:
+        return settings.moe_imbalance
+    return min(settings.moe_imbalance, capacity)
+
+
+def routed_tokens_per_rank(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Token copies one rank's experts compute per micro-batch and MoE layer: its TP
+    group's ``tokens·k`` spread over the ``tp/etp`` expert-TP groups (each expert-TP rank
+    sees all of its group's tokens, for a ``1/etp`` slice of each expert), at the busiest
+    rank's load (:func:`moe_load`)."""
+    assert model.moe is not None
+    tokens = tokens_per_rank(model, layout) * model.moe.top_k * layout.etp / layout.tp
+    return tokens * moe_load(model, settings)
+
+
+def moe_dispatch_bytes(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """One MoE layer's transient dispatch and combine buffers (the permuted token copies
+    sent to the experts and the expert outputs coming back): the all-to-all's output for
+    the dispatch and its input for the combine, ``k`` copies of the rank's tokens each. Under
+    a capacity factor the buffers are padded to capacity."""
+    assert model.moe is not None
+    e = _ACTIVATION_BYTES[settings.precision]
+    routed = routed_tokens_per_rank(model, layout, settings)
+    if model.moe.capacity_factor is not None:
+        routed *= model.moe.capacity_factor / moe_load(model, settings)
+    return 2 * e * routed * model.hidden_size
+
+
+def moe_activation_bytes_per_layer(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """What an MoE layer keeps for backward, per micro-batch, on one rank: a dense layer's
+    attention part, the shared experts' intermediates in place of the dense FFN's, the
+    router's fp32 logits and probabilities, and, for every routed token copy the rank's
+    experts compute, its input and the SwiGLU intermediates (counted as the dense MLP's,
+    ``4·f_e`` per token, ``1/etp`` of them). Full recompute keeps only the layer input."""
+    assert model.moe is not None
+    dense = activation_bytes_per_layer(model, layout, settings)
+    if layout.recompute == "full":
+        return dense
+    e = _ACTIVATION_BYTES[settings.precision]
+    h, t = model.hidden_size, layout.tp
+    tokens = tokens_per_rank(model, layout)
+    mlp_saved = 4 if model.arch == "llama" else 2
+    shared = 4 * model.moe.shared_expert_ffn_hidden_size
+    ffn = e * (shared - mlp_saved * model.ffn) * tokens / t
+    router = 2 * 4 * tokens * model.moe.num_experts / t
+    expert_width = model.moe.expert_ffn_hidden_size / layout.etp
+    experts = e * routed_tokens_per_rank(model, layout, settings) * (h + 4 * expert_width)
+    return dense + ffn + router + experts
 
 
 def activation_bytes_per_layer(
@@ -149,12 +298,16 @@ def memory_by_stage(
     weight_b, grad_b, optim_b = _STATE_BYTES[settings.precision]
     e = _ACTIVATION_BYTES[settings.precision]
     t, dp, pp = layout.tp, shard_group(layout), layout.pp
-    layers_per_stage = model.num_layers // pp
+    edp = expert_shard_group(layout)
     act_layer = activation_bytes_per_layer(model, layout, settings)
+    act_moe = (
+        act_layer if model.moe is None else moe_activation_bytes_per_layer(model, layout, settings)
+    )
     tokens = tokens_per_rank(model, layout)
     estimates = []
-    for stage in range(pp):
-        params = layers_per_stage * layer_params(model) / t
+    for stage, (dense_layers, moe_layers) in enumerate(stage_layers(model, layout)):
+        params = stage_dense_params(model, layout, (dense_layers, moe_layers))
+        experts = stage_expert_params(model, layout, moe_layers)
         if stage == 0:
             params += embedding_params(model) / t
         if stage == pp - 1:
@@ -165,8 +318,11 @@ def memory_by_stage(
         weights = params * weight_b / (dp if layout.zero_stage >= 3 else 1)
         grads = params * grad_b / (dp if layout.zero_stage >= 2 else 1)
         optimizer = params * optim_b / (dp if layout.zero_stage >= 1 else 1)
+        expert_weights = experts * weight_b / (edp if layout.zero_stage >= 3 else 1)
+        expert_grads = experts * grad_b / (edp if layout.zero_stage >= 2 else 1)
+        expert_optimizer = experts * optim_b / (edp if layout.zero_stage >= 1 else 1)
         in_flight = _in_flight_microbatches(layout, stage, schedule)
-        activations = in_flight * layers_per_stage * act_layer
+        activations = in_flight * dense_layers * act_layer + in_flight * moe_layers * act_moe
         if layout.recompute == "full":
             # Backward re-materialises one layer's full activations at a time.
             activations += activation_bytes_per_layer(
@@ -182,16 +338,22 @@ def memory_by_stage(
             if layout.zero_stage >= 3:
                 workspace = zero3_buffer_bytes(model, layout, settings)
         estimate = MemoryEstimate(
-            weights=weights,
-            grads=grads,
-            optimizer=optimizer,
+            weights=weights + expert_weights,
+            grads=grads + expert_grads,
+            optimizer=optimizer + expert_optimizer,
             activations=activations,
             overhead=float(settings.runtime_overhead_bytes),
             stage=stage,
             workspace=workspace,
+            expert_weights=expert_weights,
+            expert_grads=expert_grads,
+            expert_optimizer=expert_optimizer,
+            dispatch=moe_dispatch_bytes(model, layout, settings) if moe_layers else 0.0,
         )
         if settings.framework == "torch":
-            estimate = _torch_memory(estimate, model, layout, settings, params, in_flight)
+            estimate = _torch_memory(
+                estimate, model, layout, settings, params, in_flight, (dense_layers, moe_layers)
+            )
         estimates.append(_with_baseline(estimate, settings))
     return estimates
 
@@ -264,6 +426,7 @@ def _torch_memory(
     settings: EstimateSettings,
     params: float,
     in_flight: float,
+    layers: tuple[int, int],
 ) -> MemoryEstimate:
     """Model states and transient buffers of the built-in trainer, as measured on CPU with
     ``MemTracker`` (within a few per cent on the tiny test model).
@@ -286,7 +449,10 @@ def _torch_memory(
     e = _ACTIVATION_BYTES[settings.precision]
     half = settings.precision != "fp32"
     layer = layer_params(model) / t
-    root = params - (model.num_layers // pp) * layer
+    if model.moe is None:
+        root = params - (model.num_layers // pp) * layer
+    else:
+        root = params - stage_dense_params(model, layout, layers)
     optimizer = params * 8 / (dp if layout.zero_stage else 1)
     if layout.zero_stage == 0:
         weights, grads = params * (4 + (2 if half else 0)), params * 4.0
@@ -312,7 +478,14 @@ def _torch_memory(
             # The schedule keeps the last stage's output (the logits) of every micro-batch
             # until the step returns, to merge them.
             workspace += layout.gas * tokens * model.vocab_size / t * e
-    return replace(estimate, weights=weights, grads=grads, optimizer=optimizer, workspace=workspace)
+    # The routed experts keep Megatron's accounting (expert_*).
+    return replace(
+        estimate,
+        weights=weights + estimate.expert_weights,
+        grads=grads + estimate.expert_grads,
+        optimizer=optimizer + estimate.expert_optimizer,
+        workspace=workspace,
+    )
 
 
 def memory_per_rank(

@@ -44,9 +44,16 @@ def nodes_for(layout: ParallelLayout, devices_per_node: int) -> int:
 def proxy_dps(layout: ParallelLayout) -> list[int]:
     """Candidate proxy sizes: the divisors of ``dp`` below it, smallest first (a divisor keeps
     the full-scale batch an exact multiple of the proxy's); at least 2 under ZeRO, which
-    shards over data-parallel ranks and needs some to shard over."""
+    shards over data-parallel ranks and needs some to shard over; and, with expert
+    parallelism, sizes where ``etp·ep`` still divides ``tp·cp·dp'`` (Megatron's folding: the
+    proxy must hold whole EP groups)."""
     smallest = 2 if layout.zero_stage else 1
-    return [d for d in range(smallest, layout.dp) if layout.dp % d == 0]
+    experts = layout.ep * layout.etp
+    return [
+        d
+        for d in range(smallest, layout.dp)
+        if layout.dp % d == 0 and layout.tp * layout.cp * d % experts == 0
+    ]
 
 
 def _sized(allocation: AllocationSpec, layout: ParallelLayout) -> AllocationSpec:

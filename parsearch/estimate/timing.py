@@ -12,15 +12,27 @@ machine profile (:class:`~parsearch.estimate.machine.MachineProfile`) replaces t
 and the data-sheet bandwidths with measured figures (a device profile also times the
 element-wise work at its memory bandwidth). It ranks layouts and rehearses campaigns (the
 ``simulate`` backend); real trials decide.
+
+A mixture-of-experts layer (:func:`moe_layer_s`, :func:`moe_comm_layer_s`) computes the
+attention and the shared experts as a dense layer does, and its routed experts at their own
+GEMM shape (``tokens·k/E`` tokens per expert, often few: the GEMM curve at that shape), at the
+busiest expert rank's load (``moe_imbalance``, an assumption the band's ``moe_imbalance``
+range spans); it sends its tokens to their experts and back by all-to-all over the EP group,
+forward and backward, on the links the group spans, *not* overlapped with compute (Megatron's
+``--overlap-moe-expert-parallel-comm`` and DeepSeek's DualPipe hide part of it: not modelled,
+so the estimate errs slow there); the routed experts' gradients are reduced over the expert
+data-parallel group once per step.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
 from parsearch.estimate.flops import (
+    _FORWARD_PASSES,
+    attention_matmul_params,
     attention_passes,
     embedding_params,
     flops_breakdown,
@@ -33,8 +45,14 @@ from parsearch.estimate.memory import (
     _STATE_BYTES,
     EstimateSettings,
     MemoryEstimate,
+    expert_shard_group,
     memory_per_rank,
+    moe_load,
+    routed_tokens_per_rank,
     shard_group,
+    stage_dense_params,
+    stage_expert_params,
+    stage_layers,
     tokens_per_rank,
 )
 
@@ -60,6 +78,9 @@ class Prediction:
     # Context parallelism's K/V ring exchange left on the critical path (what the attention
     # blocks could not hide, :func:`cp_ring_exposed_s`), seconds per step.
     cp_comm_s: float = 0.0
+    # A mixture of experts' all-to-all dispatch and combine (and the expert-TP gathers), not
+    # overlapped, seconds per step on the busiest stage.
+    moe_comm_s: float = 0.0
 
     @property
     def peak_mem_bytes(self) -> float:
@@ -145,13 +166,38 @@ def _layer_gemms(model: ModelSpec, layout: ParallelLayout) -> list[tuple[float, 
     tokens = tokens_per_rank(model, layout)
     h, t = model.hidden_size, layout.tp
     qkv = (h + 2 * model.kv_heads * model.head_dim) / t
-    mlp = model.ffn / t
-    first_mlp = (tokens * h * mlp, tokens * mlp)
-    gemms = [(tokens * h * qkv, tokens * qkv), (tokens * h / t * h, tokens * h), first_mlp]
-    if model.arch == "llama":
+    gemms = [(tokens * h * qkv, tokens * qkv), (tokens * h / t * h, tokens * h)]
+    return gemms + _mlp_gemms(tokens, h, model.ffn / t, model.arch == "llama")
+
+
+def _mlp_gemms(tokens: float, h: int, width: float, swiglu: bool) -> list[tuple[float, float]]:
+    """(multiply-adds, output elements) of an MLP's forward matmuls over ``tokens`` tokens,
+    ``width`` of its columns on this rank."""
+    first_mlp = (tokens * h * width, tokens * width)
+    gemms = [first_mlp]
+    if swiglu:
         gemms.append(first_mlp)  # SwiGLU's gate
-    gemms.append((tokens * mlp * h, tokens * h))
+    gemms.append((tokens * width * h, tokens * h))
     return gemms
+
+
+def _curve_efficiency(gemms: list[tuple[float, float]], settings: EstimateSettings) -> float:
+    """The GEMM curve's efficiency over ``gemms``, weighted by their work."""
+    work = sum(macs for macs, _ in gemms)
+    return work / sum(macs / _curve(out, settings) for macs, out in gemms)
+
+
+def expert_gemm_efficiency(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Fraction of peak a rank's routed-expert matmuls reach: the GEMM curve at their real
+    shape, one SwiGLU FFN of ``f_e/etp`` columns over the tokens one local expert gets
+    (its ``E/ep`` experts share the rank's routed token copies), which is often small."""
+    assert model.moe is not None
+    local_experts = model.moe.num_experts / layout.ep
+    tokens = routed_tokens_per_rank(model, layout, settings) / local_experts
+    width = model.moe.expert_ffn_hidden_size / layout.etp
+    return _curve_efficiency(_mlp_gemms(tokens, model.hidden_size, width, True), settings)
 
 
 def gemm_efficiency(model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings) -> float:
@@ -162,9 +208,7 @@ def gemm_efficiency(model: ModelSpec, layout: ParallelLayout, settings: Estimate
         measured = machine.gemm_efficiency(layout.tp, layout.mbs, model.seq_length // layout.cp)
         if measured is not None:
             return measured
-    gemms = _layer_gemms(model, layout)
-    work = sum(macs for macs, _ in gemms)
-    return work / sum(macs / _curve(out, settings) for macs, out in gemms)
+    return _curve_efficiency(_layer_gemms(model, layout), settings)
 
 
 def unfused_softmax_bytes(
@@ -242,7 +286,8 @@ def stage_compute_s(
     runs the output layer and the loss). Under context parallelism a rank computes its
     ``s/cp`` tokens of every sequence: ``1/cp`` of the matmuls and logits and, with the
     load-balanced split, ``1/cp`` of the causal attention."""
-    per_mb = flops_breakdown(model, layout.mbs, layout.recompute)
+    dense = replace(model, moe=None)
+    per_mb = flops_breakdown(dense, layout.mbs, layout.recompute)
     t, peak, cp = layout.tp, allocation.peak_flops_per_device, layout.cp
     layers = model.num_layers
     machine = settings.machine
@@ -258,8 +303,119 @@ def stage_compute_s(
         layer_s += elementwise_bytes(model, layout, settings) / memory_bandwidth(
             allocation, settings
         )
-    per_stage = layers // layout.pp * layer_s
-    return [per_stage + (logits_s if stage == layout.pp - 1 else 0.0) for stage in range(layout.pp)]
+    moe_s = 0.0 if model.moe is None else moe_layer_s(model, layout, allocation, settings)
+    return [
+        dense_layers * layer_s + moe_layers * moe_s + (logits_s if stage == layout.pp - 1 else 0.0)
+        for stage, (dense_layers, moe_layers) in enumerate(stage_layers(model, layout))
+    ]
+
+
+def moe_layer_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """Compute time of one MoE layer for one micro-batch on the busiest rank: the attention,
+    router and shared-expert matmuls at the dense layer's efficiency, the routed experts'
+    ``routed·3·h·f_e/etp`` multiply-adds (at the busiest rank's load) at their own shape's
+    (:func:`expert_gemm_efficiency`), the attention core as in a dense layer, and, with a
+    device profile, the element-wise work with the routed and shared widths in place of the
+    dense FFN's."""
+    assert model.moe is not None
+    moe, h, t = model.moe, model.hidden_size, layout.tp
+    peak = allocation.peak_flops_per_device
+    passes = _FORWARD_PASSES[layout.recompute]
+    tokens = tokens_per_rank(model, layout)
+    dense_macs = tokens * (
+        (attention_matmul_params(model) + 3 * h * moe.shared_expert_ffn_hidden_size) / t
+        + h * moe.num_experts
+    )
+    expert_width = moe.expert_ffn_hidden_size / layout.etp
+    expert_macs = routed_tokens_per_rank(model, layout, settings) * 3 * h * expert_width
+    layer_s = 2 * passes * dense_macs / (peak * gemm_efficiency(model, layout, settings))
+    layer_s += 2 * passes * expert_macs / (peak * expert_gemm_efficiency(model, layout, settings))
+    layer_s += attention_layer_s(model, layout, allocation, settings)
+    if not settings.flash_attention:
+        layer_s += unfused_softmax_bytes(model, layout, settings) / memory_bandwidth(
+            allocation, settings
+        )
+    machine = settings.machine
+    if machine is not None and machine.memory_bandwidth_bytes_per_s:
+        width = moe.top_k * moe_load(model, settings) * moe.expert_ffn_hidden_size
+        widened = replace(
+            model, moe=None, ffn_hidden_size=width + moe.shared_expert_ffn_hidden_size
+        )
+        layer_s += elementwise_bytes(widened, layout, settings) / memory_bandwidth(
+            allocation, settings
+        )
+    return layer_s
+
+
+def ranks_per_node(group: int, stride: int, allocation: AllocationSpec) -> int:
+    """Ranks of a group of ``group`` ranks ``stride`` apart that share a node (one when the
+    stride fills the node)."""
+    per_node = allocation.devices_per_node
+    if stride >= per_node:
+        return 1
+    return max(1, min(group, per_node // stride))
+
+
+def all_to_all_s(
+    size_bytes: float,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """One all-to-all over the EP group, each rank sending ``(ep-1)/ep`` of its
+    ``size_bytes`` buffer to the others. Megatron-core orders the expert ranks etp-ep-edp-pp
+    (``RankGenerator`` with ``order="tp-cp-ep-dp-pp"`` and the expert TP as its ``tp``): an
+    EP group is ``ep`` ranks ``etp`` apart, inside one node when ``etp·ep <=
+    devices_per_node``. A rank's per-peer sends all start at once, so its bytes move as a
+    ring all-gather's do (the same ``(ep-1)/ep`` share, ``ep-1`` latencies): timed as one,
+    by a profile's fit where it has one. Spanning nodes, the share bound for other nodes
+    goes on the network (each rank on its own NIC share) while the rest goes on the node's
+    links, at the same time: the slower of the two."""
+    ep = layout.ep
+    if ep <= 1:
+        return 0.0
+    intra = allocation.intra_node_bandwidth_bytes_per_s
+    if layout.etp * ep <= allocation.devices_per_node:
+        return collective_s("all-gather", size_bytes, ep, "dp-intra-node", intra, settings)
+    inter = allocation.inter_node_bandwidth_bytes_per_s
+    local = ranks_per_node(ep, layout.etp, allocation)
+    across = size_bytes * (ep - local) / (ep - 1)
+    inside = size_bytes * (local - 1) / (ep - 1)
+    return max(
+        collective_s("all-gather", across, ep, "dp-across-nodes", inter, settings),
+        collective_s("all-gather", inside, ep, "dp-intra-node", intra, settings)
+        if local > 1
+        else 0.0,
+    )
+
+
+def moe_comm_layer_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """One MoE layer's token traffic for one micro-batch: a dispatch and a combine
+    all-to-all forward, the same two backward (and again for a recomputed forward), each of
+    the rank's ``k`` copies of its ``tokens/tp`` sequence-parallel share, at the busiest
+    rank's load (:func:`all_to_all_s`); with expert TP, the gather of the routed tokens over
+    the ``etp`` ranks and the reduce-scatter of their outputs (an all-reduce's bytes) per
+    pass. Not overlapped with compute."""
+    assert model.moe is not None
+    e = _ACTIVATION_BYTES[settings.precision]
+    passes = _FORWARD_PASSES[layout.recompute] - 1  # forward, backward, a recomputed forward
+    sent = tokens_per_rank(model, layout) / layout.tp * model.moe.top_k * model.hidden_size
+    size = e * sent * moe_load(model, settings)
+    per_pass = 2 * all_to_all_s(size, layout, allocation, settings)
+    if layout.etp > 1:
+        routed = routed_tokens_per_rank(model, layout, settings) * model.hidden_size * e
+        per_pass += tp_allreduce_s(routed, layout.etp, allocation, settings)
+    return passes * per_pass
 
 
 def cp_ring_links(layout: ParallelLayout, allocation: AllocationSpec) -> tuple[str, float]:
@@ -321,10 +477,7 @@ def dp_ranks_per_node(layout: ParallelLayout, allocation: AllocationSpec) -> int
     node. Megatron orders ranks TP innermost, then CP, then DP: the group's ranks are ``tp``
     apart, so a node of ``g`` devices holds ``g / tp`` of them (one when TP fills the
     node)."""
-    per_node = allocation.devices_per_node
-    if layout.tp >= per_node:
-        return 1
-    return max(1, min(shard_group(layout), per_node // layout.tp))
+    return ranks_per_node(shard_group(layout), layout.tp, allocation)
 
 
 def dp_collective_s(
@@ -348,14 +501,29 @@ def dp_collective_s(
     inside the node; an all-gather or a reduce-scatter is the across-nodes step on ``size/g``
     and the inside-node step on ``size``. Each device then sends ``1/g`` of what a flat
     ring at the per-device bandwidth would (``hierarchical=False``: the flat ring)."""
-    tp, dp = layout.tp, shard_group(layout)
+    return group_collective_s(
+        op, size_bytes, shard_group(layout), layout.tp, allocation, settings, hierarchical
+    )
+
+
+def group_collective_s(
+    op: str,
+    size_bytes: float,
+    dp: int,
+    tp: int,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+    hierarchical: bool = True,
+) -> float:
+    """:func:`dp_collective_s` over any group of ``dp`` ranks ``tp`` apart (the expert
+    data-parallel group: ``edp`` ranks ``etp·ep`` apart)."""
     if dp <= 1:
         return 0.0
     intra = allocation.intra_node_bandwidth_bytes_per_s
     inter = allocation.inter_node_bandwidth_bytes_per_s
     if tp * dp <= allocation.devices_per_node:
         return collective_s(op, size_bytes, dp, "dp-intra-node", intra, settings)
-    g = dp_ranks_per_node(layout, allocation)
+    g = ranks_per_node(dp, tp, allocation)
     if g == 1 or not hierarchical:
         return collective_s(op, size_bytes, dp, "dp-across-nodes", inter, settings)
     nodes = dp // g
@@ -417,12 +585,14 @@ def _dp_exposed_s(
     more than the compute it runs behind. The group is the ``dp·cp`` ranks that hold the same
     weights.
     """
-    if shard_group(layout) <= 1:
-        return 0.0
-    tp = layout.tp
-    stage_params = model.num_layers // layout.pp * layer_params(model) / tp
-    stage_params += max(embedding_params(model), head_params(model)) / tp / layout.pp
     weight_b, grad_b, _ = _STATE_BYTES[settings.precision]
+    experts = expert_reduce_s(model, layout, allocation, settings)
+    if experts:
+        experts -= settings.dp_overlap * min(experts, slot_compute * 2 / 3)
+    if shard_group(layout) <= 1:
+        return experts
+    tp = layout.tp
+    stage_params = _stage_params(model, layout)
     if layout.zero_stage >= 3:
         layers = model.num_layers // layout.pp
         # One gather per layer (the modules of a layer go out back to back, so their rings'
@@ -440,11 +610,55 @@ def _dp_exposed_s(
                 "reduce-scatter", size, layout, allocation, settings, hierarchical=False
             )
         hidden = settings.dp_overlap * min(traffic, slot_compute)
-        return layout.gas * (traffic - hidden)
+        return layout.gas * (traffic - hidden) + experts
     # The gradients are reduced in the precision they are accumulated in (fp32 main grads).
     traffic = dp_collective_s("all-reduce", stage_params * grad_b, layout, allocation, settings)
     backward = slot_compute * 2 / 3
-    return traffic - settings.dp_overlap * min(traffic, backward)
+    return traffic - settings.dp_overlap * min(traffic, backward) + experts
+
+
+def _stage_params(model: ModelSpec, layout: ParallelLayout) -> float:
+    """Parameters one rank of the largest stage reduces over the data-parallel group (all
+    but the routed experts), with its share of the embedding or output layer."""
+    tp = layout.tp
+    if model.moe is None:
+        stage_params = model.num_layers // layout.pp * layer_params(model) / tp
+    else:
+        stage_params = max(
+            stage_dense_params(model, layout, layers) for layers in stage_layers(model, layout)
+        )
+    stage_params += max(embedding_params(model), head_params(model)) / tp / layout.pp
+    return stage_params
+
+
+def _stage_expert_params(model: ModelSpec, layout: ParallelLayout) -> float:
+    """Routed-expert parameters of the stage with the most MoE layers, on one rank."""
+    return max(
+        stage_expert_params(model, layout, moe_layers)
+        for _, moe_layers in stage_layers(model, layout)
+    )
+
+
+def expert_reduce_s(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    allocation: AllocationSpec,
+    settings: EstimateSettings,
+) -> float:
+    """The routed experts' once-per-step gradient all-reduce (a reduce-scatter and the
+    updated weights' all-gather under the distributed optimizer: the same bytes) over the
+    expert data-parallel group, ``edp`` ranks ``etp·ep`` apart (Megatron's expert rank
+    order etp-ep-edp-pp), in the fp32 main gradients' precision. Zero for a dense model.
+    Under ZeRO-3 the experts' per-micro-batch gathers are not modelled (Megatron has no
+    ZeRO-3; DeepSpeed's MoE keeps experts out of ZeRO-3's partitioning by default)."""
+    experts = _stage_expert_params(model, layout)
+    if not experts:
+        return 0.0
+    grad_b = _STATE_BYTES[settings.precision][1]
+    stride = layout.etp * layout.ep
+    return group_collective_s(
+        "all-reduce", experts * grad_b, expert_shard_group(layout), stride, allocation, settings
+    )
 
 
 def memory_bandwidth(allocation: AllocationSpec, settings: EstimateSettings) -> float:
@@ -475,9 +689,12 @@ def step_fixed_s(
     gradient zeroing and norm over its local gradients, and the small all-reduces of the
     loss and the gradient norm over every rank (latency-bound: a tree's ``2·log2(world)``
     hops each)."""
-    stage_params = model.num_layers // layout.pp * layer_params(model) / layout.tp
-    stage_params += max(embedding_params(model), head_params(model)) / layout.tp / layout.pp
+    stage_params = _stage_params(model, layout)
     shard = stage_params / (shard_group(layout) if layout.zero_stage >= 1 else 1)
+    experts = _stage_expert_params(model, layout)
+    if experts:
+        shard += experts / (expert_shard_group(layout) if layout.zero_stage >= 1 else 1)
+        stage_params += experts
     per_param = _OPTIMIZER_BYTES[settings.framework]
     streamed = shard * per_param["shard"] + stage_params * per_param["local"]
     hops = 2 * math.ceil(math.log2(layout.world_size)) if layout.world_size > 1 else 0
@@ -544,15 +761,26 @@ def predict(
     activation_bytes = tokens_per_rank(model, layout) * model.hidden_size * e
     allreduces_per_layer = 6 if layout.recompute == "full" else 4
     layers_per_stage = model.num_layers // pp
-    tp_slot = (
-        layers_per_stage
-        * allreduces_per_layer
-        * tp_allreduce_s(activation_bytes, tp, allocation, settings)
-    )
+    tp_allreduce = tp_allreduce_s(activation_bytes, tp, allocation, settings)
+    # An MoE layer keeps the attention's TP all-reduces only: its tokens reach the experts by
+    # all-to-all (and expert TP's gathers, in moe_comm_layer_s), not by the MLP's all-reduce.
+    tp_slots = [
+        (dense_layers * allreduces_per_layer + moe_layers * allreduces_per_layer // 2)
+        * tp_allreduce
+        if model.moe is not None
+        else layers_per_stage * allreduces_per_layer * tp_allreduce
+        for dense_layers, moe_layers in stage_layers(model, layout)
+    ]
     cp_slot = layers_per_stage * cp_ring_exposed_s(model, layout, allocation, settings)
-    compute_slot = max(stages)
-    slot = compute_slot + tp_slot + cp_slot
-    bubble_slots = bubble_in_slots([stage + tp_slot + cp_slot for stage in stages], vpp)
+    moe_layer = 0.0 if model.moe is None else moe_comm_layer_s(model, layout, allocation, settings)
+    moe = [moe_layers * moe_layer for _, moe_layers in stage_layers(model, layout)]
+    busy = [
+        stage + tp + cp_slot + comm for stage, tp, comm in zip(stages, tp_slots, moe, strict=True)
+    ]
+    busiest = max(range(pp), key=lambda stage: busy[stage])
+    compute_slot, tp_slot, moe_slot = stages[busiest], tp_slots[busiest], moe[busiest]
+    slot = compute_slot + tp_slot + cp_slot + moe_slot
+    bubble_slots = bubble_in_slots(busy, vpp)
     p2p = 0.0
     if pp > 1:
         p2p_bytes = activation_bytes / (tp if layout.sequence_parallel else 1)
@@ -582,4 +810,5 @@ def predict(
         dp_comm_s=dp_exposed,
         optimizer_s=fixed,
         cp_comm_s=microbatches * cp_slot,
+        moe_comm_s=microbatches * moe_slot,
     )
