@@ -243,6 +243,11 @@ def torchtitan_toml(layout: ParallelLayout, space: SearchSpace) -> str:
     if space.model.moe is not None:
         parallelism["expert_parallel_degree"] = layout.ep
         parallelism["expert_tensor_parallel_degree"] = layout.etp
+        if layout.ep > 1 and layout.zero_stage == 0:
+            notes.append(
+                "torchtitan wraps the experts in FSDP whenever ep > 1 (ParallelDims keeps "
+                "its efsdp mesh); the trial replicated them (zero_stage 0)"
+            )
     parallelism["pipeline_parallel_degree"] = layout.pp
     if layout.pp > 1:
         parallelism["pipeline_parallel_schedule"] = _torch_schedule(space.schedule, layout.vpp)

@@ -567,6 +567,8 @@ def test_torchtitan_exports_ep_and_refuses_what_its_expert_mesh_cannot_fold():
     with pytest.raises(ExportError, match=r"\(1 \* 1 \* 4\) % \(8 \* 1\) = 4 \(zero_stage 0"):
         export("torchtitan", replicated, space)
     assert "--expert-model-parallel-size 8" in export("megatron", replicated, space)
+    folds = export("torchtitan", dataclasses.replace(replicated, ep=4), space)
+    assert "# note: torchtitan wraps the experts in FSDP whenever ep > 1" in folds
     ep1 = _layout(tp=4, pp=1, dp=16, gas=16, zero_stage=1, sequence_parallel=True)
     with pytest.raises(ExportError, match="with ep = 1 it splits the experts over the tp=4"):
         export("torchtitan", ep1, space)
