@@ -603,3 +603,31 @@ def test_deepspeed_reads_the_expert_parallel_keys_the_export_writes():
     )
     parsed = parse_autoep_config(config["expert_parallel"])
     assert (parsed.enabled, parsed.autoep_size, parsed.expert_tensor_parallel_size) == (True, 16, 1)
+
+
+def test_every_runnable_layout_of_a_shipped_moe_space_exports_or_is_refused_with_a_reason():
+    """Megatron takes every layout parsearch's folding rule calls runnable (the rule is
+    Megatron's), with ep and etp read back; torchtitan and DeepSpeed, stricter, export or
+    refuse by name, and do both for some layouts of the space."""
+    from parsearch.space import load_space
+
+    space = load_space(Path(__file__).parent.parent / "search_spaces" / "qwen3-30b-a3b-h100.yaml")
+    plan = space.plan()
+    layouts = [layout for layout, _ in plan.feasible + plan.predicted_oom]
+    assert any(layout.ep > 1 for layout in layouts), "the space searches no ep > 1"
+    outcomes: dict[str, set[str]] = {"torchtitan": set(), "deepspeed": set()}
+    megatron = _parser(MEGATRON_MOE_FLAGS)
+    for layout in layouts:
+        args = megatron.parse_args(shlex.split(export("megatron", layout, space)))
+        assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (
+            layout.ep,
+            layout.etp,
+        )
+        for fmt, seen in outcomes.items():
+            try:
+                export(fmt, layout, space)
+                seen.add("exported")
+            except ExportError as error:
+                assert f"cannot run {layout.short()}" in str(error), error
+                seen.add("refused")
+    assert outcomes == {"torchtitan": {"exported", "refused"}, "deepspeed": {"exported", "refused"}}
