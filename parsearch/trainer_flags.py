@@ -21,6 +21,13 @@ communication is not the one measured (four all-to-alls per layer that do not ov
 instead of a ring hidden behind attention): re-measure the throughput there before trusting
 the ranking. What Ulysses cannot run (heads not divisible by cp, TP or PP beside it,
 grouped-query attention in Megatron-DeepSpeed) is refused with the reason.
+
+Mixtures of experts (``ep``, ``etp``) are searched under Megatron-core's folding rule (etp·ep
+divides tp·cp·dp per stage). Megatron-LM takes every such layout, with the all-to-all
+dispatcher and grouped GEMM the estimate models. torchtitan folds the experts only into its
+sharded ranks ((dp_shard·cp·tp) % (ep·etp) == 0) and DeepSpeed carves them out of the
+data-parallel ranks (ep divides dp): a layout either cannot express is refused with the
+reason, as is Megatron-DeepSpeed's MoE, whose layer plan and expert width differ.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from parsearch.config import ParallelLayout
+from parsearch.config import ModelSpec, MoESpec, ParallelLayout
 from parsearch.errors import ParsearchError
 from parsearch.space import SearchSpace, space_from_dict
 
@@ -74,6 +81,8 @@ def megatron_args(layout: ParallelLayout, space: SearchSpace) -> str:
         ]
     if layout.cp > 1:
         args += ["--context-parallel-size", str(layout.cp), "--cp-comm-type", MEGATRON_RING]
+    if space.model.moe is not None:
+        args += _megatron_moe_args(layout, space.model)
     return _one_per_line(args)
 
 
@@ -92,6 +101,15 @@ def megatron_deepspeed_args(layout: ParallelLayout, space: SearchSpace) -> str:
     """
     _check_deepspeed_pipeline(layout, "Megatron-DeepSpeed")
     _check_ulysses(layout, space, "Megatron-DeepSpeed")
+    if space.model.moe is not None:
+        raise ExportError(
+            f"Megatron-DeepSpeed cannot run {layout.short()} as measured: its MoE "
+            f"(--num-experts, --moe-expert-parallel-size, megatron/model/transformer.py) sizes "
+            f"every expert at --ffn-hidden-size, puts experts on the layers whose 1-based number "
+            f"is a multiple of --expert-interval, and has no shared experts, and the "
+            f"ds_config.json of --format deepspeed would switch on DeepSpeed's AutoEP beside it; "
+            f"export with --format megatron"
+        )
     args = _common_megatron_args(layout, space)
     if layout.pp == 1:
         args.append("--no-pipeline-parallel")
@@ -122,9 +140,15 @@ def deepspeed_config(layout: ParallelLayout, space: SearchSpace) -> str:
     cp, and reduces gradients and checks the batch over its data-parallel ranks. The model must
     still run Ulysses attention over that group (``UlyssesSPAttentionHF`` or
     ``DistributedAttention``); see the module docstring for what that changes.
+
+    With ep > 1, ``expert_parallel: {enabled, autoep_size}``: DeepSpeed 0.19.8's AutoEP
+    (``deepspeed/module_inject/auto_ep_config.py`` ``parse_autoep_config``), which replaces
+    the model's MoE blocks by expert-parallel ones of ``autoep_size`` ranks; see
+    :func:`_check_deepspeed_experts` for what it cannot run.
     """
     _check_deepspeed_pipeline(layout, "DeepSpeed")
     _check_ulysses(layout, space, "DeepSpeed")
+    _check_deepspeed_experts(layout)
     config: dict[str, object] = {
         "train_batch_size": layout.global_batch,
         "train_micro_batch_size_per_gpu": layout.mbs,
@@ -146,6 +170,8 @@ def deepspeed_config(layout: ParallelLayout, space: SearchSpace) -> str:
     if layout.cp > 1:
         config["sequence_parallel_size"] = layout.cp
         config["data_parallel_size"] = layout.dp
+    if layout.ep > 1:
+        config["expert_parallel"] = {"enabled": True, "autoep_size": layout.ep}
     return json.dumps(config, indent=2)
 
 
@@ -172,8 +198,14 @@ def torchtitan_toml(layout: ParallelLayout, space: SearchSpace) -> str:
     trial used sequence parallelism (``ParallelDims.seq_len_divisor``, asserted in
     ``models/llama3/infra/parallelize.py``), and with cp > 1 it always shards parameters with
     FSDP over the dp_shard and cp ranks (``ParallelDims.fsdp_enabled``).
+
+    Mixtures of experts: ``expert_parallel_degree`` and ``expert_tensor_parallel_degree``
+    (v0.2.2 ``job_config.py``), written for an MoE model; the model itself is a torchtitan
+    MoE model (llama4, deepseek_v3, qwen3) the user picks. See
+    :func:`_check_torchtitan_experts` for what it cannot run.
     """
     _check_torchtitan_sequence(layout, space)
+    _check_torchtitan_experts(layout, space.model)
     notes: list[str] = []
     # With PP every micro-batch goes through the schedule (no separate accumulation);
     # without, torchtitan accumulates global / (local * dp) micro-batches.
@@ -208,6 +240,14 @@ def torchtitan_toml(layout: ParallelLayout, space: SearchSpace) -> str:
     if layout.cp > 1:
         parallelism["context_parallel_degree"] = layout.cp
         parallelism["context_parallel_rotate_method"] = "alltoall"  # the ring
+    if space.model.moe is not None:
+        parallelism["expert_parallel_degree"] = layout.ep
+        parallelism["expert_tensor_parallel_degree"] = layout.etp
+        if layout.ep > 1 and layout.zero_stage == 0:
+            notes.append(
+                "torchtitan wraps the experts in FSDP whenever ep > 1 (ParallelDims keeps "
+                "its efsdp mesh); the trial replicated them (zero_stage 0)"
+            )
     parallelism["pipeline_parallel_degree"] = layout.pp
     if layout.pp > 1:
         parallelism["pipeline_parallel_schedule"] = _torch_schedule(space.schedule, layout.vpp)
@@ -304,6 +344,67 @@ def _common_megatron_args(layout: ParallelLayout, space: SearchSpace) -> list[st
     return args
 
 
+def _megatron_moe_args(layout: ParallelLayout, model: ModelSpec) -> list[str]:
+    """Megatron-core's MoE flags for ``model.moe`` and the layout's ``ep`` and ``etp``.
+
+    Checked against NVIDIA/Megatron-LM at d98e8a64: ``--num-experts`` and ``--moe-layer-freq``
+    (``moe_freq_type``: an int ``k`` makes layer ``i`` MoE when ``i % k == 0``, as
+    ``MoESpec.is_moe_layer``; a bracketed list expression, evaluated by ``_eval_pattern``,
+    gives one 0/1 per layer) and ``--moe-router-load-balancing-type`` in
+    ``megatron/training/arguments.py``; the rest are ``TransformerConfig`` and
+    ``ModelParallelConfig`` dataclass flags: ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+    ``--moe-shared-expert-intermediate-size`` (the shared experts' summed width),
+    ``--moe-token-dispatcher-type`` {allgather, alltoall, flex}, ``--moe-grouped-gemm``,
+    ``--moe-expert-capacity-factor`` (unset: dropless), ``--expert-model-parallel-size`` and
+    ``--expert-tensor-parallel-size`` (unset, Megatron takes tp: so always written). The
+    all-to-all dispatcher and grouped GEMM are what the estimate models. The shape flags are
+    written because ``--expert-model-parallel-size`` is refused without ``--num-experts``.
+    """
+    moe = model.moe
+    assert moe is not None
+    args = [
+        "--num-experts",
+        str(moe.num_experts),
+        "--moe-router-topk",
+        str(moe.top_k),
+        "--moe-ffn-hidden-size",
+        str(moe.expert_ffn_hidden_size),
+    ]
+    if moe.shared_expert_ffn_hidden_size:
+        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)]
+    args += ["--moe-layer-freq", _megatron_layer_freq(moe, model.num_layers)]
+    args += [
+        "--expert-model-parallel-size",
+        str(layout.ep),
+        "--expert-tensor-parallel-size",
+        str(layout.etp),
+        "--moe-token-dispatcher-type",
+        "alltoall",
+        "--moe-grouped-gemm",
+        "--moe-router-load-balancing-type",
+        "aux_loss",
+    ]
+    if moe.capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", str(moe.capacity_factor)]
+    return args
+
+
+def _megatron_layer_freq(moe: MoESpec, num_layers: int) -> str:
+    """``--moe-layer-freq``: ``k`` alone when no leading layer is dense, else the per-layer
+    pattern run-length coded, e.g. ``([0]*3+[1]*58)`` for DeepSeek-V3's first three dense
+    layers (only digits, brackets, ``*``, ``+``: what ``_eval_pattern`` accepts)."""
+    if moe.first_dense_layers == 0:
+        return str(moe.layer_freq)
+    pattern = [int(moe.is_moe_layer(i)) for i in range(num_layers)]
+    runs: list[list[int]] = []
+    for value in pattern:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+
+
 def _check_deepspeed_pipeline(layout: ParallelLayout, trainer: str) -> None:
     """DeepSpeed's pipeline engine limits: checked in ``deepspeed/runtime/pipe/engine.py``."""
     if layout.pp > 1 and layout.zero_stage >= 2:
@@ -358,6 +459,35 @@ def _check_ulysses(layout: ParallelLayout, space: SearchSpace, trainer: str) -> 
         )
 
 
+def _check_deepspeed_experts(layout: ParallelLayout) -> None:
+    """DeepSpeed carves expert parallelism out of data parallelism.
+
+    deepspeed 0.19.8: ``deepspeed.utils.groups._create_expert_and_data_parallel`` lays each
+    expert-parallel group over ``ep`` data-parallel ranks of one tensor-parallel lane
+    (``ep`` must divide them), and AutoEP's ``validate_folding_global``
+    (``module_inject/auto_ep_folding.py``) reserves ``expert_tensor_parallel_size`` != 1 and
+    refuses folding beside pipeline parallelism. Beside Ulysses (cp > 1) its groups would
+    take the sequence ranks, not parsearch's, so that is refused too.
+    """
+    if layout.ep == 1:
+        return
+    where = f"DeepSpeed cannot run {layout.short()}"
+    if layout.dp % layout.ep:
+        raise ExportError(
+            f"{where}: its expert-parallel groups are carved out of the data-parallel ranks, "
+            f"so ep must divide dp, and dp {layout.dp} % ep {layout.ep} = "
+            f"{layout.dp % layout.ep}; pick a trial whose ep divides dp, or export with "
+            f"--format megatron"
+        )
+    if layout.etp > 1 or layout.cp > 1 or (layout.tp > 1 and layout.pp > 1):
+        raise ExportError(
+            f"{where}: its AutoEP expert parallelism runs neither expert tensor parallelism "
+            f"(etp={layout.etp}), nor beside sequence parallelism (cp={layout.cp}), nor "
+            f"folded into tp beside pp (tp={layout.tp}, pp={layout.pp}); export with "
+            f"--format megatron"
+        )
+
+
 def _divisors(heads: int, kv_heads: int | None = None) -> str:
     """cp values > 1 that split ``heads`` (and pair with ``kv_heads``), for an error."""
     valid = [
@@ -379,6 +509,38 @@ def _check_torchtitan_sequence(layout: ParallelLayout, space: SearchSpace) -> No
             f"torchtitan cannot run {layout.short()}: it needs seq_len % (tp * 2 * cp) == 0, "
             f"and model.seq_length {seq} % ({layout.tp} * 2 * {layout.cp}) = {seq % divisor}; "
             f"pick a trial whose tp*2*cp divides {seq}"
+        )
+
+
+def _check_torchtitan_experts(layout: ParallelLayout, model: ModelSpec) -> None:
+    """torchtitan v0.2.2's expert mesh, stricter than Megatron's folding.
+
+    ``ParallelDims.build_mesh`` unflattens each stage into (dp_replicate, efsdp, ep, etp) with
+    ``efsdp = dp_shard * cp * tp / (etp * ep)``: the experts fold only into the sharded
+    data-parallel, cp and tp ranks, never the replicated ones (parsearch exports zero_stage 0
+    as pure replication, dp_shard 1). With ep 1, ``apply_moe_ep_tp``
+    (``models/llama4/infra/parallelize.py``) splits the experts over the tp ranks whatever
+    ``expert_tensor_parallel_degree`` says, so a trial that kept them whole there (etp 1)
+    has no equivalent.
+    """
+    if model.moe is None:
+        return
+    where = f"torchtitan cannot run {layout.short()}"
+    if layout.ep == 1 and layout.etp != layout.tp:
+        raise ExportError(
+            f"{where}: with ep = 1 it splits the experts over the tp={layout.tp} ranks "
+            f"(expert_tensor_parallel_degree has no effect), but the trial ran etp="
+            f"{layout.etp}; pick a trial with ep > 1 or etp = tp, or export with --format megatron"
+        )
+    dp_shard = layout.dp if layout.zero_stage > 0 else 1
+    folded = dp_shard * layout.cp * layout.tp
+    if folded % (layout.ep * layout.etp):
+        raise ExportError(
+            f"{where}: it folds the experts only into the sharded ranks, (dp_shard * cp * tp) "
+            f"% (ep * etp) == 0, and ({dp_shard} * {layout.cp} * {layout.tp}) % ({layout.ep} * "
+            f"{layout.etp}) = {folded % (layout.ep * layout.etp)} (zero_stage "
+            f"{layout.zero_stage}: dp_shard {dp_shard}); pick a trial with zero_stage >= 1, or "
+            f"export with --format megatron"
         )
 
 

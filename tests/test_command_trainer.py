@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from trials_seen import trials_seen
 
-from parsearch.config import AllocationSpec, ModelSpec, ParallelLayout
+from parsearch.config import AllocationSpec, ModelSpec, MoESpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.process import NodeRun, free_port
@@ -257,6 +257,47 @@ def test_a_cp_layout_fills_cp_and_a_world_of_tp_cp_pp_dp():
         plain, node_rank=0, nnodes=1, master_addr="h", master_port=1, trial_dir=Path("/t"),
         steps=1, warmup_steps=0,
     )) == ["train", "--nproc=8", "--cp", "1"]  # fmt: skip
+
+
+def test_an_moe_layout_fills_ep_etp_and_the_expert_shape():
+    """``{ep}``, ``{etp}`` and the MoE shape reach a Megatron command; a dense model's
+    ``{num_experts}`` is 0, which Megatron reads as no MoE (arguments.py, d98e8a64)."""
+    moe = MoESpec(
+        num_experts=8, top_k=2, expert_ffn_hidden_size=96, shared_expert_ffn_hidden_size=32
+    )
+    model = ModelSpec(
+        num_layers=4, hidden_size=64, num_heads=4, vocab_size=100, seq_length=SEQ, moe=moe
+    )
+    layout = ParallelLayout(tp=2, pp=1, dp=4, mbs=1, gas=2, ep=4, etp=2)
+    spec = TrialSpec("m", model, layout, AllocationSpec(1, 8, 1 << 30, 1e12, device="cpu"))
+    template = CommandTemplate.parse(
+        [
+            "train", "--num-experts={num_experts}", "--moe-router-topk={moe_top_k}",
+            "--moe-ffn-hidden-size={moe_ffn_hidden_size}",
+            "--moe-shared-expert-intermediate-size={moe_shared_ffn_hidden_size}",
+            "--expert-model-parallel-size={ep}", "--expert-tensor-parallel-size={etp}",
+        ],
+        frozenset(PLACEHOLDERS),
+    )  # fmt: skip
+
+    def argv(spec: TrialSpec) -> list[str]:
+        filled = trial_values(
+            spec, node_rank=0, nnodes=1, master_addr="h", master_port=1, trial_dir=Path("/t"),
+            steps=1, warmup_steps=0,
+        )  # fmt: skip
+        return template.argv(filled)
+
+    assert argv(spec) == [
+        "train", "--num-experts=8", "--moe-router-topk=2", "--moe-ffn-hidden-size=96",
+        "--moe-shared-expert-intermediate-size=32", "--expert-model-parallel-size=4",
+        "--expert-tensor-parallel-size=2",
+    ]  # fmt: skip
+    dense = dataclasses.replace(
+        spec,
+        model=dataclasses.replace(model, moe=None),
+        layout=dataclasses.replace(layout, ep=1, etp=1),
+    )
+    assert argv(dense)[1:3] == ["--num-experts=0", "--moe-router-topk=0"]
 
 
 COMMAND_SPACES = [

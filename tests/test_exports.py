@@ -469,3 +469,165 @@ def test_parsearch_best_prints_each_format_of_the_stored_best(tmp_path):
         assert config["train_batch_size"] == layout.global_batch
     parallel = tomllib.loads(printed["torchtitan"].stdout)["parallelism"]
     assert parallel["pipeline_parallel_degree"] == layout.pp
+
+
+# --- mixtures of experts -------------------------------------------------------------------
+
+# NVIDIA/Megatron-LM at d98e8a64: --num-experts, --moe-layer-freq (moe_freq_type) and
+# --moe-router-load-balancing-type in megatron/training/arguments.py; the rest are
+# TransformerConfig / ModelParallelConfig dataclass flags (argument_utils.py).
+MEGATRON_MOE_FLAGS: dict[str, dict] = {
+    **MEGATRON_LM_FLAGS,
+    "--num-experts": {"type": int},
+    "--moe-router-topk": {"type": int},
+    "--moe-ffn-hidden-size": {"type": int},
+    "--moe-shared-expert-intermediate-size": {"type": int},
+    "--moe-layer-freq": {"type": str},  # moe_freq_type: read back with _moe_layer_pattern
+    "--expert-model-parallel-size": {"type": int},
+    "--expert-tensor-parallel-size": {"type": int},
+    "--moe-token-dispatcher-type": {"choices": ["allgather", "alltoall", "flex"]},
+    "--moe-grouped-gemm": {"action": "store_true"},
+    "--moe-router-load-balancing-type": {
+        "nargs": "+",
+        "choices": [
+            "aux_loss",
+            "seq_aux_loss",
+            "global_aux_loss",
+            "sinkhorn",
+            "quantile_balancing",
+            "none",
+        ],
+    },
+    "--moe-expert-capacity-factor": {"type": float},
+}
+# DeepSeek-V3's layer plan, 8 layers: first 3 dense, one shared expert.
+MOE = {
+    "num_experts": 16,
+    "top_k": 4,
+    "expert_ffn_hidden_size": 1024,
+    "shared_expert_ffn_hidden_size": 1024,
+    "first_dense_layers": 3,
+}
+MOE_LAYOUTS = [
+    _layout(tp=2, pp=1, dp=32, gas=8, ep=8, etp=1, zero_stage=1, sequence_parallel=True),
+    _layout(tp=4, pp=2, dp=8, gas=32, ep=4, etp=4, sequence_parallel=True),
+    _layout(tp=1, pp=1, cp=2, dp=32, gas=8, ep=16, zero_stage=2),
+]
+
+
+def _moe_layer_pattern(value: str, num_layers: int) -> list[int]:
+    """Megatron's moe_freq_type then its layer spec (gpt_layer_specs.py)."""
+    if "[" not in value:
+        return [int(i % int(value) == 0) for i in range(num_layers)]
+    assert set(value) <= set("0123456789,[]()+*"), value  # what _eval_pattern accepts
+    return eval(value)  # as Megatron's _eval_pattern does, on the characters checked
+
+
+@pytest.mark.parametrize("layout", MOE_LAYOUTS, ids=ParallelLayout.short)
+def test_megatron_exports_the_experts_and_their_layers(layout):
+    space = _model_space(moe=MOE)
+    args = _parse(MEGATRON_MOE_FLAGS, export("megatron", layout, space))
+    assert (args.num_experts, args.moe_router_topk) == (16, 4)
+    assert (args.moe_ffn_hidden_size, args.moe_shared_expert_intermediate_size) == (1024, 1024)
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (
+        layout.ep,
+        layout.etp,
+    )
+    assert args.moe_token_dispatcher_type == "alltoall" and args.moe_grouped_gemm
+    assert args.moe_router_load_balancing_type == ["aux_loss"]
+    assert args.moe_expert_capacity_factor is None  # dropless
+    model = space.model
+    pattern = _moe_layer_pattern(args.moe_layer_freq, model.num_layers)
+    assert pattern == [int(model.moe.is_moe_layer(i)) for i in range(model.num_layers)]
+    assert args.moe_layer_freq == "([0]*3+[1]*29)"
+
+
+def test_megatron_moe_layer_freq_and_capacity():
+    moe = {**MOE, "first_dense_layers": 0, "layer_freq": 2, "shared_expert_ffn_hidden_size": 0,
+           "capacity_factor": 1.25}  # fmt: skip
+    layout = MOE_LAYOUTS[0]
+    args = _parse(MEGATRON_MOE_FLAGS, export("megatron", layout, _model_space(moe=moe)))
+    assert args.moe_layer_freq == "2" and args.moe_expert_capacity_factor == 1.25
+    assert args.moe_shared_expert_intermediate_size is None
+    dense = export("megatron", _layout(), _model_space())
+    assert "--num-experts" not in dense and "--expert" not in dense
+
+
+def test_torchtitan_exports_ep_and_refuses_what_its_expert_mesh_cannot_fold():
+    space = _model_space(moe=MOE)
+    text = export("torchtitan", MOE_LAYOUTS[0], space)
+    parallel = tomllib.loads(text)["parallelism"]
+    assert (parallel["expert_parallel_degree"], parallel["expert_tensor_parallel_degree"]) == (8, 1)
+    assert set(parallel) <= TORCHTITAN_KEYS["parallelism"] | {
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
+    }
+    # zero_stage 0: dp replicated, so only cp*tp = 4 ranks can take the experts; ep 8 cannot.
+    replicated = _layout(tp=4, pp=1, dp=16, gas=16, ep=8, sequence_parallel=True)
+    with pytest.raises(ExportError, match=r"\(1 \* 1 \* 4\) % \(8 \* 1\) = 4 \(zero_stage 0"):
+        export("torchtitan", replicated, space)
+    assert "--expert-model-parallel-size 8" in export("megatron", replicated, space)
+    folds = export("torchtitan", dataclasses.replace(replicated, ep=4), space)
+    assert "# note: torchtitan wraps the experts in FSDP whenever ep > 1" in folds
+    ep1 = _layout(tp=4, pp=1, dp=16, gas=16, zero_stage=1, sequence_parallel=True)
+    with pytest.raises(ExportError, match="with ep = 1 it splits the experts over the tp=4"):
+        export("torchtitan", ep1, space)
+    assert "expert_parallel_degree" not in export("torchtitan", _layout(), _model_space())
+
+
+def test_deepspeed_carves_ep_out_of_dp_or_refuses():
+    space = _model_space(moe=MOE)
+    layout = _layout(tp=1, pp=1, dp=64, gas=4, ep=16, zero_stage=2)
+    config = json.loads(export("deepspeed", layout, space))
+    assert config["expert_parallel"] == {"enabled": True, "autoep_size": 16}
+    # ep 8 folded into tp 4 * dp 2 (Megatron runs it): DeepSpeed needs ep | dp.
+    folded = _layout(tp=4, pp=1, dp=2, gas=128, ep=8, sequence_parallel=True)
+    with pytest.raises(ExportError, match="ep must divide dp, and dp 2 % ep 8 = 2"):
+        export("deepspeed", folded, _model_space(moe=MOE, num_layers=32))
+    with pytest.raises(ExportError, match=r"expert tensor parallelism \(etp=2\)"):
+        export("deepspeed", _layout(tp=2, pp=1, dp=32, gas=8, ep=2, etp=2), space)
+    with pytest.raises(ExportError, match="sizes every expert at --ffn-hidden-size"):
+        export("megatron-deepspeed", layout, space)
+    assert "expert_parallel" not in json.loads(
+        export("deepspeed", _layout(pp=1, dp=32, gas=8), space)
+    )
+
+
+def test_deepspeed_reads_the_expert_parallel_keys_the_export_writes():
+    """AutoEP's parser in the installed DeepSpeed reads the section as written."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.module_inject.auto_ep_config import parse_autoep_config
+
+    config = json.loads(
+        export("deepspeed", _layout(tp=1, pp=1, dp=64, gas=4, ep=16), _model_space(moe=MOE))
+    )
+    parsed = parse_autoep_config(config["expert_parallel"])
+    assert (parsed.enabled, parsed.autoep_size, parsed.expert_tensor_parallel_size) == (True, 16, 1)
+
+
+def test_every_runnable_layout_of_a_shipped_moe_space_exports_or_is_refused_with_a_reason():
+    """Megatron takes every layout parsearch's folding rule calls runnable (the rule is
+    Megatron's), with ep and etp read back; torchtitan and DeepSpeed, stricter, export or
+    refuse by name, and do both for some layouts of the space."""
+    from parsearch.space import load_space
+
+    space = load_space(Path(__file__).parent.parent / "search_spaces" / "qwen3-30b-a3b-h100.yaml")
+    plan = space.plan()
+    layouts = [layout for layout, _ in plan.feasible + plan.predicted_oom]
+    assert any(layout.ep > 1 for layout in layouts), "the space searches no ep > 1"
+    outcomes: dict[str, set[str]] = {"torchtitan": set(), "deepspeed": set()}
+    megatron = _parser(MEGATRON_MOE_FLAGS)
+    for layout in layouts:
+        args = megatron.parse_args(shlex.split(export("megatron", layout, space)))
+        assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (
+            layout.ep,
+            layout.etp,
+        )
+        for fmt, seen in outcomes.items():
+            try:
+                export(fmt, layout, space)
+                seen.add("exported")
+            except ExportError as error:
+                assert f"cannot run {layout.short()}" in str(error), error
+                seen.add("refused")
+    assert outcomes == {"torchtitan": {"exported", "refused"}, "deepspeed": {"exported", "refused"}}

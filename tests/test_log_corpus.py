@@ -112,9 +112,23 @@ FIGURES: dict[tuple[str, str], Figures] = {
     ),
     ("megatron-lm-h100-memory.log", "megatron"): Figures(
         [2, 3],
-        {"step_time_s": 5.6301, "reported_tflops_per_device": 231.9},
+        # an MoE's line: the loss is lm loss, not the load-balancing loss after it
+        {"step_time_s": 5.6301, "loss": 2.021530, "reported_tflops_per_device": 231.9},
         54250.98583984375 * MIB,
         61480.0 * MIB,
+    ),
+    # MoE lines with the router's z_loss and load_balancing_loss between lm loss and the
+    # loss scale: the loss read is lm loss, the step and batch as in a dense model's line.
+    ("megatron-lm-moe-zloss-2024.log", "megatron"): Figures(
+        [4, 6, 8],
+        {"step_time_s": 18.489, "global_batch": 2048, "loss": 10.48763, **NO_FLOPS},
+        # dp 16 as the post says; mbs and seq are the test's (the lines print neither)
+        layout={"dp": 16, "mbs": 1, "gas": 128, "seq": 4096},
+        warmup=4,  # iteration 4 left out: the median of 6 and 8
+        summary={
+            "step_time_s": (18.5192 + 18.4532) / 2,
+            "tokens_per_s": (2048 * 4096 / 18.5192 + 2048 * 4096 / 18.4532) / 2,
+        },
     ),
     ("megatron-lm-2026.log", "megatron"): Figures(
         [20],

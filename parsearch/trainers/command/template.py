@@ -77,10 +77,24 @@ PLACEHOLDERS: dict[str, str] = {
     "ffn_hidden_size": "model.ffn_hidden_size (4*hidden_size when not set)",
     "vocab_size": "model.vocab_size",
     "seq_length": "model.seq_length",
+    "num_experts": "model.moe.num_experts, the routed experts (0 for a dense model: Megatron's "
+    "--num-experts 0 means no MoE)",
+    "moe_top_k": "model.moe.top_k, experts per token (0 for a dense model)",
+    "moe_ffn_hidden_size": "model.moe.expert_ffn_hidden_size, one expert's FFN width (0 for a "
+    "dense model)",
+    "moe_shared_ffn_hidden_size": "model.moe.shared_expert_ffn_hidden_size, the shared experts' "
+    "summed width (0: none, or a dense model)",
     "memory_cap": "the space's memory_cap (else the device memory) as a size, e.g. 40MiB",
     "memory_cap_bytes": "the space's memory_cap (else the device memory) in bytes",
     "launch_dir": "the directory the campaign was created in (kept on resume), else the "
     "current one",
+}
+# The mixture-of-experts shape's placeholders and the MoESpec field each reads (0: dense model).
+MOE_PLACEHOLDERS: dict[str, str] = {
+    "num_experts": "num_experts",
+    "moe_top_k": "top_k",
+    "moe_ffn_hidden_size": "expert_ffn_hidden_size",
+    "moe_shared_ffn_hidden_size": "shared_expert_ffn_hidden_size",
 }
 # Placeholders whose value is always a number (trial_values), so safe in shell arithmetic.
 NUMERIC = frozenset(
@@ -106,6 +120,7 @@ NUMERIC = frozenset(
         "ffn_hidden_size",
         "vocab_size",
         "seq_length",
+        *MOE_PLACEHOLDERS,
         "memory_cap_bytes",
     )
 )
@@ -179,6 +194,10 @@ def trial_values(
         "ffn_hidden_size": model.ffn,
         "vocab_size": model.vocab_size,
         "seq_length": model.seq_length,
+        **{
+            slot: getattr(model.moe, field) if model.moe else 0
+            for slot, field in MOE_PLACEHOLDERS.items()
+        },
         "memory_cap": exact_size(cap),
         "memory_cap_bytes": cap,
         "launch_dir": spec.launch_dir or os.getcwd(),
