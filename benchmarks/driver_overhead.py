@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,20 +79,16 @@ class TimedStrategy:
         self.clock.order += keys
         return proposals
 
-    def observe(self, results: list[tuple[ParallelLayout, Any]]) -> None:
+    def finished(self, results: Sequence[tuple[Any, Any]]) -> None:
+        """The driver's one call per batch of results: observe and tell, timed together."""
         start = time.perf_counter()
-        self.strategy.observe(results)
-        keys = [layout.key() for layout, _ in results]
+        self.strategy.finished(results)
+        keys = [record.layout.key() for record, _ in results]
         self.clock.charge(keys, "tell", time.perf_counter() - start)
 
-    def tell(self, results: list[tuple[ParallelLayout, Any]]) -> None:
-        start = time.perf_counter()
-        self.strategy.tell(results)
-        keys = [layout.key() for layout, _ in results]
-        self.clock.charge(keys, "tell", time.perf_counter() - start)
-
-    def close(self) -> None:
-        self.strategy.close()
+    def __getattr__(self, name: str) -> Any:
+        # The rest of the strategy interface (place, start, sized, settled, ...) untimed.
+        return getattr(self.strategy, name)
 
 
 class TimedStore:
