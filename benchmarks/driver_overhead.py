@@ -268,11 +268,50 @@ def slots_table(space: SearchSpace, budget: int, slot_counts: list[int]) -> None
         )
 
 
+def size_table(names: list[str], budget: int, repeats: int) -> None:
+    """``plan`` and the driver's time per proposal by space size, each against the first
+    space (today's 1T), measured in the same run: the bigger spaces of MoE and CP searches
+    must stay as quick to plan and to propose from."""
+    print(f"\n5. Space size: plan seconds and driver ms per proposal ({budget} instant trials)")
+    print(
+        f"   {'space':<22} {'layouts':>8} {'feasible':>8} {'plan s':>7} {'x':>5} "
+        f"{'ask ms':>7} {'x':>5} {'wall ms':>8}"
+    )
+    base: tuple[float, float] | None = None
+    for name in names:
+        path = ROOT / "search_spaces" / f"{name}.yaml"
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            plan = load_space(path).plan()
+            times.append(time.perf_counter() - start)
+        plan_s = statistics.median(times)
+        space = load_space(path)
+        clock, wall, _ = campaign(space, budget=budget, slots=1, delay_s=0.0)
+        ask_ms = 1e3 * clock.parts().get("ask", 0.0)
+        base = base or (plan_s, ask_ms)
+        print(
+            f"   {name:<22} {plan.total:>8} {len(plan.feasible):>8} {plan_s:>7.2f} "
+            f"{plan_s / base[0]:>5.2f} {ask_ms:>7.1f} {ask_ms / base[1]:>5.2f} "
+            f"{1e3 * wall / budget:>8.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller budgets, for CI")
     parser.add_argument("--trial-s", type=float, default=2.0, help="trial length for table 2")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        metavar="SPACE",
+        help="only table 5, over these shipped spaces (the first is the baseline), e.g. "
+        "gpt-1t-frontier deepseek-v3-h200",
+    )
     args = parser.parse_args()
+    if args.sizes:
+        size_table(args.sizes, 30 if args.quick else 60, 1 if args.quick else 3)
+        return
     space_1t = load_space(SPACE_1T)
     big = big_space()
     budgets = [20, 50] if args.quick else [50, 200, 500]
