@@ -11,6 +11,7 @@ process's, through :mod:`test_context_parallel`'s launcher. Then an MoE space ru
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,7 +23,6 @@ from test_context_parallel import ROOT, launch, reference  # noqa: F401 (a fixtu
 
 import parsearch
 from parsearch.result import TrialResult
-from parsearch.trial import TrialSpec
 
 # Layer 0 dense, layers 1-3 MoE: 4 experts top-2 with a shared expert.
 MOE = {
@@ -69,3 +69,37 @@ def test_expert_parallel_trains_like_one_process(world, tmp_path, reference):  #
         assert result.ok, (name, result.error)
         assert result.metrics["losses"] == pytest.approx(reference(spec), abs=1e-4), name
         assert item["grad_error"] < 1e-4, (name, "largest relative gradient error", item)
+
+
+# A tiny MoE model on 2 CPU ranks; its only layouts are ep 1 and ep 2, both dp 2.
+MOE_SPACE = {
+    "name": "moe-cpu",
+    "model": {"arch": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 2,
+              "vocab_size": 64, "seq_length": 16,
+              "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 16}},
+    "allocation": {"nodes": 1, "devices_per_node": 2, "device": "cpu", "device_memory": "256MiB",
+                   "peak_tflops": 0.05},
+    "search": {"tp": [1], "pp": [1], "mbs": [1], "ep": [1, 2]},
+    "global_batch": 2,
+    "trainer": {"kind": "builtin", "steps": 1, "warmup_steps": 1, "timeout": 120},
+}  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_an_moe_trial_runs_through_the_cli(tmp_path):
+    """Both layouts run on the local backend and, training the same model on the same
+    tokens, report the same losses."""
+    space_file, db = tmp_path / "space.yaml", tmp_path / "m.db"
+    space_file.write_text(yaml.safe_dump(MOE_SPACE))
+    run = subprocess.run(
+        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store", str(db),
+         "--budget", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "budget reached; 2/2 trials finished (ok 2)" in run.stdout, run.stdout
+    frame = parsearch.results(db)
+    assert sorted(frame["ep"]) == [1, 2], frame
+    rows = zip(frame["ep"], frame["losses"], strict=True)
+    losses = {int(ep): json.loads(text) for ep, text in rows}
+    assert losses[1] == pytest.approx(losses[2], abs=1e-4), losses
