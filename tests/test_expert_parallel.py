@@ -1,7 +1,8 @@
 """Expert parallelism in the built-in trainer trains like one process: ep 2 over data
 parallel ranks with ZeRO-3 (the MoE layers kept out of FSDP, reduced by hand), and in a
 4-rank world ep 2 folded over tp 2 (each tp rank routing its slice of the tokens), over
-tp 2 · cp 2 with sequence parallelism, and over dp 2 under a 2-stage pipeline.
+tp 2 · cp 2 with sequence parallelism, and over dp 2 under a 2-stage pipeline with
+full recompute (the dispatch runs again in backward).
 
 Each launch compares every rank's gradients after one step with one process's gradients of
 the whole global batch (balance loss included) and the five steps' losses with one
@@ -54,7 +55,7 @@ LAUNCHES = {
     4: [
         moe_spec(2, 1, 2),
         moe_spec(2, 1, 1, cp=2, sequence_parallel=True),
-        moe_spec(1, 2, 2),
+        moe_spec(1, 2, 2, recompute="full"),
     ],
 }
 

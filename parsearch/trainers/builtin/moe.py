@@ -156,7 +156,8 @@ class MoE(nn.Module):
         else:
             out = self._exchange(rows, per_expert)
         out = out * weights.reshape(-1)[order].unsqueeze(-1)
-        return torch.zeros_like(tokens).index_add(0, source, out)
+        # In the experts' dtype: bf16 under autocast, where the tokens may be fp32.
+        return out.new_zeros(tokens.shape).index_add(0, source, out)
 
     def _exchange(self, rows: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
         """Rows (sorted by expert) to the EP ranks holding their experts, through the local
