@@ -1,6 +1,7 @@
 """Parallelism applied to the plain model by small functions, in torchtitan's order:
-pipeline split → tensor parallel (on the meta device) → materialise + init → context
-parallel → activation recompute → data parallel (FSDP2 or gradient all-reduce over dp·cp)
+pipeline split → tensor parallel and expert parallel (on the meta device) → materialise +
+init → context parallel → activation recompute → data parallel (FSDP2 or gradient
+all-reduce over dp·cp; the MoE layers' parameters reduced over their own groups)
 → pipeline schedule.
 
 Each function takes the piece of the device mesh it needs, so the same code runs any

@@ -9,7 +9,10 @@ mean loss is divided by the number of micro-batches (``gas``) and gradients are 
 data-parallel and context-parallel ranks (each CP rank's loss is the mean over its equal
 share of every sequence's tokens, and ring attention sends each rank the gradient of its
 K/V from every rank's loss, so the dp·cp average is the global mean's gradient, as in
-Megatron-core).
+Megatron-core). Mixture-of-experts layers keep to it too: their balance loss is a mean over
+sequences (:mod:`parsearch.trainers.builtin.moe`), and their parameters' gradients, computed
+from parts of the tokens on several ranks, are summed over those ranks and divided by dp·cp
+(:func:`~parsearch.trainers.builtin.parallelize.reduce_expert_gradients`).
 """
 
 from __future__ import annotations
@@ -227,6 +230,14 @@ def refuse_unsupported_moe(spec: TrialSpec) -> None:
         raise TrainerError(
             f"etp {spec.layout.etp}: the built-in trainer runs experts whole on each EP rank "
             "(expert tensor parallelism, etp > 1, is not implemented); search etp: [1]"
+        )
+    layout, seq = spec.layout, spec.model.seq_length
+    tp_split = layout.tp > 1 and not layout.sequence_parallel
+    if moe is not None and tp_split and (seq // layout.cp) % layout.tp:
+        raise TrainerError(
+            f"seq_length {seq} / cp {layout.cp} not divisible by tp {layout.tp}: each tp rank "
+            "routes a slice of the sequence through the MoE layers; use sequence_parallel "
+            "or a sequence length that divides"
         )
     if moe is not None and moe.capacity_factor is not None:
         raise TrainerError(
