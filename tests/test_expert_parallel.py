@@ -5,7 +5,7 @@ tp 2 · cp 2 with sequence parallelism, and over dp 2 under a 2-stage pipeline w
 full recompute (the dispatch runs again in backward).
 
 Each launch compares every rank's gradients after one step with one process's gradients of
-the whole global batch (balance loss included) and the five steps' losses with one
+the whole global batch (balance loss included) and the two steps' losses with one
 process's, through :mod:`test_context_parallel`'s launcher. Then an MoE space runs through
 ``parsearch run``.
 """
@@ -41,7 +41,8 @@ MOE = {
 
 def moe_spec(tp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 2, cp: int = 1, **layout):
     """:func:`tiny_spec` of the MoE model with an allocation of the layout's world."""
-    spec = tiny_spec(tp, pp, dp, model=MOE, ep=ep, cp=cp, **layout)
+    trainer = {"steps": 1, "warmup_steps": 1}  # the gradients are compared too
+    spec = tiny_spec(tp, pp, dp, model=MOE, trainer=trainer, ep=ep, cp=cp, **layout)
     world = spec.layout.world_size
     return replace(
         spec,
@@ -68,7 +69,8 @@ def test_expert_parallel_trains_like_one_process(world, tmp_path, reference):  #
         result = TrialResult.from_dict(item["result"])
         name = spec.layout.short()
         assert result.ok, (name, result.error)
-        assert result.metrics["losses"] == pytest.approx(reference(spec), abs=1e-4), name
+        want = reference(spec)[:2]
+        assert result.metrics["losses"] == pytest.approx(want, abs=1e-4), name
         assert item["grad_error"] < 1e-4, (name, "largest relative gradient error", item)
 
 
