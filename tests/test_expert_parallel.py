@@ -18,12 +18,14 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 import yaml
 from bench_helpers import tiny_spec
 from test_context_parallel import ROOT, launch, reference  # noqa: F401 (a fixture)
 
 import parsearch
 from parsearch.result import TrialResult
+from parsearch.trial import TrialSpec
 
 # Layer 0 dense, layers 1-3 MoE: 4 experts top-2 with a shared expert.
 MOE = {
@@ -63,8 +65,25 @@ LAUNCHES = {
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
+def first_balance_loss(spec: TrialSpec) -> float:
+    """One process's balance loss (summed over the MoE layers) of the whole global batch
+    at the initial weights."""
+    from parsearch.trainers.builtin.model import Transformer, loss_fn, materialize
+    from parsearch.trainers.builtin.parallelize import moe_layers
+    from parsearch.trainers.builtin.trainer import synthetic_batch
+
+    with torch.device("meta"):
+        model = Transformer(spec.model)
+    materialize(model, torch.device("cpu"), spec.seed)
+    tokens = synthetic_batch(spec)
+    loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    return sum(float(moe.balance_record[0]) for moe in moe_layers(model))
+
+
 @pytest.mark.parametrize("world", sorted(LAUNCHES), ids=lambda w: f"world{w}")
 def test_expert_parallel_trains_like_one_process(world, tmp_path, reference):  # noqa: F811
+    balance = first_balance_loss(LAUNCHES[world][0])
+    assert balance > 0.01 * 3, balance  # 3 MoE layers, each at least the coefficient
     for spec, item in zip(LAUNCHES[world], launch(LAUNCHES[world], tmp_path), strict=True):
         result = TrialResult.from_dict(item["result"])
         name = spec.layout.short()
@@ -72,6 +91,7 @@ def test_expert_parallel_trains_like_one_process(world, tmp_path, reference):  #
         want = reference(spec)[:2]
         assert result.metrics["losses"] == pytest.approx(want, abs=1e-4), name
         assert item["grad_error"] < 1e-4, (name, "largest relative gradient error", item)
+        assert result.metrics["balance_losses"][0] == pytest.approx(balance, rel=1e-5), name
 
 
 # A tiny MoE model on 2 CPU ranks; its only layouts are ep 1 and ep 2, both dp 2.
@@ -106,3 +126,6 @@ def test_an_moe_trial_runs_through_the_cli(tmp_path):
     rows = zip(frame["ep"], frame["losses"], strict=True)
     losses = {int(ep): json.loads(text) for ep, text in rows}
     assert losses[1] == pytest.approx(losses[2], abs=1e-4), losses
+    rows = zip(frame["ep"], frame["balance_losses"], strict=True)
+    balance = {int(ep): json.loads(text) for ep, text in rows}
+    assert balance[1] == pytest.approx(balance[2], rel=1e-5), balance

@@ -13,8 +13,8 @@ probability), taken per sequence and averaged over sequences, as DeepSeek-V3's s
 balance loss: a per-sequence mean is what a data-parallel, micro-batched or context-parallel
 run can sum exactly, so every layout trains the model one process trains. Its gradient is
 attached to the layer's output (Megatron-core's ``MoEAuxLossAutoScaler``), which works
-inside pipeline stages; the reported loss stays the language-model loss, as Megatron logs
-the balance loss apart.
+inside pipeline stages; the reported loss stays the language-model loss, and the balance
+loss (summed over the layers) is reported apart, as Megatron logs it.
 
 Without an :class:`~parsearch.trainers.builtin.expert_parallel.ExpertComm` one process holds
 every expert; with one, tokens travel to the ``ep`` ranks holding their experts by
@@ -76,18 +76,21 @@ class Experts(nn.Module):
 
 class _AttachLoss(torch.autograd.Function):
     """Identity on ``out`` whose backward also gives ``loss`` the gradient ``scale``: the
-    balance loss joins the objective wherever the layer runs (a pipeline stage too)."""
+    balance loss joins the objective wherever the layer runs (a pipeline stage too). The
+    backward also appends the loss to ``record``: it runs once per micro-batch, where a
+    recomputed forward runs twice."""
 
     @staticmethod
-    def forward(ctx, out, loss, scale):  # type: ignore[override]
-        ctx.scale = scale
+    def forward(ctx, out, loss, scale, record):  # type: ignore[override]
+        ctx.scale, ctx.record = scale, record
         ctx.save_for_backward(loss)
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (loss,) = ctx.saved_tensors
-        return grad, torch.full_like(loss, ctx.scale), None
+        ctx.record.append(loss.detach())
+        return grad, torch.full_like(loss, ctx.scale), None, None
 
 
 class MoE(nn.Module):
@@ -106,6 +109,9 @@ class MoE(nn.Module):
         # The balance loss's gradient: 1, or 1/gas where the trainer scales the loss itself
         # rather than letting a pipeline schedule scale the gradients.
         self.loss_scale = 1.0
+        # This rank's share of the balance loss of each micro-batch trained since it was
+        # last emptied (see _AttachLoss).
+        self.balance_record: list[torch.Tensor] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         comm = self.comm
@@ -123,7 +129,7 @@ class MoE(nn.Module):
         out = self._route(tokens, chosen, weights).view_as(x)
         if self.shared is not None:
             out = out + self.shared(x)
-        out = _AttachLoss.apply(out, balance, self.loss_scale)
+        out = _AttachLoss.apply(out, balance, self.loss_scale, self.balance_record)
         return GatherSequence.apply(out, comm.tp_group) if split else out
 
     def _balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

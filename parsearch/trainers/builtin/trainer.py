@@ -183,8 +183,8 @@ class ParallelJob:
                 torch._foreach_zero_(grads)
 
     def step(self) -> torch.Tensor:
-        """One optimizer step; returns this rank's share of the global mean loss (summed
-        over all ranks it gives the loss of the step)."""
+        """One optimizer step; returns this rank's share of the global mean loss and of the
+        MoE layers' balance loss (summed over all ranks they give the step's)."""
         layout = self.layout
         self._zero_grads()
         total = torch.zeros((), device=self.device)
@@ -220,7 +220,22 @@ class ParallelJob:
             sum_tied_embedding_grads(self.stages, self.tied_group)
         self.optimizer.step()
         owns_loss = self.last and self.mesh["tp"].get_local_rank() == 0
-        return total / (layout.gas * self.replicas) if owns_loss else torch.zeros_like(total)
+        share = total / (layout.gas * self.replicas) if owns_loss else torch.zeros_like(total)
+        return torch.stack([share, self._balance_share()])
+
+    def _balance_share(self) -> torch.Tensor:
+        """This rank's share of the step's balance loss: every rank's shares of a
+        micro-batch sum over tp and cp to cp times its loss (see MoE._balance_loss), so
+        divided by gas·dp·cp they sum to the mean over the step's micro-batches."""
+        shares = []
+        for stage in self.stages:
+            for moe in moe_layers(stage):
+                # One per micro-batch: the last gas. Under a pipeline the first step also runs
+                # torch's shape inference through the stage before them (torch 2.13).
+                shares.extend(moe.balance_record[-self.layout.gas :])
+                moe.balance_record.clear()
+        total = torch.stack(shares).sum() if shares else torch.zeros((), device=self.device)
+        return total.float() / (self.layout.gas * self.replicas)
 
 
 def refuse_unsupported_moe(spec: TrialSpec) -> None:
@@ -373,7 +388,7 @@ def _report(
     """Combine every rank's figures (collectives: all ranks must call it) into rank 0's
     result."""
     device, peak, cap = job.device, run.peak, run.cap
-    step_losses = _reduce(torch.stack(run.losses), dist.ReduceOp.SUM).tolist()
+    step_losses, balance_losses = _reduce(torch.stack(run.losses), dist.ReduceOp.SUM).T.tolist()
     times = torch.tensor(run.times, device=device, dtype=torch.float64)
     step_times = _reduce(times, dist.ReduceOp.MAX)
     memory = _gather([peak.finish(), peak_rss_bytes()], device)
@@ -400,6 +415,8 @@ def _report(
         "memory_cap_bytes": cap,
         "phases_s": run.phases,
     }
+    if model.moe is not None:
+        metrics["balance_losses"] = balance_losses
     if run.status is TrialState.OOM:
         return TrialResult(
             status=run.status,
