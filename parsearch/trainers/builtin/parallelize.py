@@ -195,6 +195,8 @@ def apply_cp(module: Transformer, cp_mesh: DeviceMesh) -> None:
 
 
 def moe_layers(module: Transformer) -> list[MoE]:
+    """The MoE FFNs of a model or stage (through recompute and FSDP wrappers, which forward
+    attribute access to the layer they wrap)."""
     return [
         block.feed_forward
         for block in module.layers.values()
