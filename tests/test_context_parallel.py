@@ -170,15 +170,18 @@ def _grad_error(job, spec: TrialSpec) -> float:
     collective: DTensor gradients are gathered whole), after one step of ``job``. The
     denominator is at least :data:`GRAD_FLOOR`: some gradients are zero but for rounding
     (the key bias shifts every score of a row alike, which the softmax ignores)."""
-    from parsearch.trainers.builtin.model import canonical_name
+    from parsearch.trainers.builtin.model import canonical_name, expert_offsets
 
     expected = _reference_grads(spec)
     worst = 0.0
     for stage in job.stages:
+        experts = expert_offsets(stage)  # an expert-parallel rank's slice of the experts
         for name, param in stage.named_parameters():
             grad = param.grad
             grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
             want = expected[canonical_name(name, spec.model)]
+            if name in experts:
+                want = want[experts[name] : experts[name] + len(grad)]
             error = (grad - want).abs().max() / want.abs().max().clamp_min(GRAD_FLOOR)
             worst = max(worst, error.item())
     return worst

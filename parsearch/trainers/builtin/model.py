@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parsearch.config import ModelSpec
+from parsearch.trainers.builtin.moe import Experts, MoE
 
 INIT_STD = 0.02
 
@@ -130,14 +131,16 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer."""
+    """Pre-norm transformer layer; layer ``index`` of a mixture-of-experts model has an
+    :class:`~parsearch.trainers.builtin.moe.MoE` for its FFN where ``model.moe`` says so."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, index: int) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
-        self.feed_forward = FeedForward(spec)
+        moe = spec.moe is not None and spec.moe.is_moe_layer(index)
+        self.feed_forward: nn.Module = MoE(spec) if moe else FeedForward(spec)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rotary)
@@ -152,7 +155,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed: Embeddings | None = Embeddings(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -246,14 +249,44 @@ def materialize(module: Transformer, device: torch.device, seed: int) -> None:
     init_weights(module, module.spec, seed)
 
 
+def expert_offsets(module: nn.Module) -> dict[str, int]:
+    """The global index of the first expert each stacked-experts parameter of ``module``
+    holds, by parameter name (an EP rank holds a slice of the experts)."""
+    return {
+        f"{prefix}.{leaf}": part.first
+        for prefix, part in module.named_modules()
+        if isinstance(part, Experts)
+        for leaf, _ in part.named_parameters()
+    }
+
+
+def _experts_value(
+    spec: ModelSpec, name: str, param: torch.Tensor, first: int, seed: int
+) -> torch.Tensor:
+    """Stacked experts ``first ..`` of an :class:`Experts` weight, each initialised as the
+    ``nn.Linear`` weight it stands for (``...experts.<global index>.w1.weight``), so an
+    expert has the same value whichever EP rank holds it."""
+    prefix, leaf = name.rsplit(".", 1)
+    return torch.stack(
+        [
+            initial_value(spec, f"{prefix}.{e}.{leaf}.weight", param.shape[1:], seed, param.device)
+            for e in range(first, first + param.shape[0])
+        ]
+    )
+
+
 @torch.no_grad()
 def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Fill every parameter of ``module`` (a whole model or a tensor-parallel pipeline stage,
     already materialised with ``to_empty``) with its deterministic initial value, and
     recompute its buffers. Only one full parameter exists at a time."""
+    experts = expert_offsets(module)
     for name, param in module.named_parameters():
         device = param.device
-        full = initial_value(spec, canonical_name(name, spec), param.shape, seed, device)
+        if name in experts:
+            full = _experts_value(spec, canonical_name(name, spec), param, experts[name], seed)
+        else:
+            full = initial_value(spec, canonical_name(name, spec), param.shape, seed, device)
         local = param.to_local() if hasattr(param, "to_local") else param
         local.copy_(_local_part(full, param))
     if isinstance(module, Transformer):

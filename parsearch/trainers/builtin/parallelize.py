@@ -1,6 +1,7 @@
 """Parallelism applied to the plain model by small functions, in torchtitan's order:
-pipeline split → tensor parallel (on the meta device) → materialise + init → context
-parallel → activation recompute → data parallel (FSDP2 or gradient all-reduce over dp·cp)
+pipeline split → tensor parallel and expert parallel (on the meta device) → materialise +
+init → context parallel → activation recompute → data parallel (FSDP2 or gradient
+all-reduce over dp·cp; the MoE layers' parameters reduced over their own groups)
 → pipeline schedule.
 
 Each function takes the piece of the device mesh it needs, so the same code runs any
@@ -37,7 +38,9 @@ from torch.distributed.tensor.parallel import (
 
 from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.errors import TrainerError
+from parsearch.trainers.builtin.expert_parallel import ExpertComm
 from parsearch.trainers.builtin.model import Transformer, loss_fn
+from parsearch.trainers.builtin.moe import Experts, MoE
 from parsearch.trainers.builtin.ring_attention import RingCore, chunk_positions
 from parsearch.trainers.builtin.settings import SCHEDULES
 
@@ -99,10 +102,14 @@ def apply_tp(module: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) 
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
+        # An MoE layer's experts are not split over tp (etp 1): it takes its tokens as they
+        # come, a sequence slice per tp rank (see MoE.forward).
+        dense = not isinstance(block.feed_forward, MoE)
+        if dense:
+            plan["feed_forward.w1"] = ColwiseParallel()
+            plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq)
+        if dense and block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
             plan |= {
@@ -111,10 +118,11 @@ def apply_tp(module: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) 
                 "attention": PrepareModuleInput(
                     input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
                 ),
-                "feed_forward": PrepareModuleInput(
-                    input_layouts=(seq,), desired_input_layouts=(Replicate(),)
-                ),
             }
+        if sequence_parallel and dense:
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+            )
         parallelize_module(block, tp_mesh, plan)
     if module.output is not None:
         plan = {"output": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1))}
@@ -186,6 +194,55 @@ def apply_cp(module: Transformer, cp_mesh: DeviceMesh) -> None:
         block.attention.core = RingCore(cp_mesh.get_group())
 
 
+def moe_layers(module: Transformer) -> list[MoE]:
+    """The MoE FFNs of a model or stage (through recompute and FSDP wrappers, which forward
+    attribute access to the layer they wrap)."""
+    return [
+        block.feed_forward
+        for block in module.layers.values()
+        if isinstance(block.feed_forward, MoE)
+    ]
+
+
+def apply_ep(module: Transformer, comm: ExpertComm | None) -> None:
+    """Expert parallelism, on the meta device: each MoE layer keeps its EP rank's ``E/ep``
+    experts (global indices from ``ep_rank·E/ep``) and routes through ``comm``."""
+    if comm is None:
+        return
+    for moe in moe_layers(module):
+        old = moe.experts
+        local = moe.num_experts // comm.ep
+        hidden, width = old.w1.shape[2], old.w1.shape[1]
+        with torch.device(old.w1.device):
+            moe.experts = Experts(local, hidden, width, first=comm.ep_rank * local)
+        moe.comm = comm
+
+
+def expert_parameters(modules: list[Transformer]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The MoE layers' routed-expert parameters, and their router and shared-expert ones."""
+    experts: list[nn.Parameter] = []
+    replicated: list[nn.Parameter] = []
+    for module in modules:
+        for moe in moe_layers(module):
+            experts.extend(moe.experts.parameters())
+            replicated.extend(moe.router.parameters())
+            if moe.shared is not None:
+                replicated.extend(moe.shared.parameters())
+    return experts, replicated
+
+
+def reduce_expert_gradients(modules: list[Transformer], comm: ExpertComm) -> None:
+    """Gradients of the MoE layers, kept out of DDP and FSDP: summed over the ranks that
+    computed parts of them, then divided by dp·cp as the dense gradients are averaged.
+
+    Routed experts: every token of the stage reached its expert on exactly one rank of the
+    expert-data-parallel group. Router and shared experts: each of the stage's tp·cp·dp
+    ranks routed its own tokens (tp ranks a slice each)."""
+    experts, replicated = expert_parameters(modules)
+    allreduce_gradients(experts, comm.edp_group, divisor=comm.replicas)
+    allreduce_gradients(replicated, comm.stage_group, divisor=comm.replicas)
+
+
 def apply_recompute(module: Transformer, mode: str) -> None:
     """Activation checkpointing: ``full`` re-runs each whole layer in backward; ``selective``
     re-runs only the attention core (softmax(QKᵀ)V), whose saved state is the
@@ -202,7 +259,11 @@ def apply_recompute(module: Transformer, mode: str) -> None:
 
 
 def apply_fsdp(
-    module: Transformer, dp_mesh: DeviceMesh, zero_stage: int, param_dtype: torch.dtype | None
+    module: Transformer,
+    dp_mesh: DeviceMesh,
+    zero_stage: int,
+    param_dtype: torch.dtype | None,
+    ignored: set[nn.Parameter],
 ) -> None:
     """FSDP2 over the data-parallel ranks, one parameter group per layer plus the root.
 
@@ -218,8 +279,11 @@ def apply_fsdp(
       gradients are reduce-scattered every micro-batch (ZeRO-2's communication pattern);
     * 1: as 2, and gradients are only reduce-scattered after the last micro-batch
       (``set_requires_gradient_sync``), so full gradients accumulate as in ZeRO-1.
+
+    ``ignored`` parameters (the MoE layers') stay whole and out of FSDP's reductions.
     """
     options = {
+        "ignored_params": ignored,
         "mesh": dp_mesh,
         "reshard_after_forward": zero_stage >= 3,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
@@ -268,12 +332,15 @@ def no_gradient_sync(module: nn.Module) -> Iterator[None]:
 
 
 def allreduce_gradients(
-    params: list[torch.Tensor], group: dist.ProcessGroup, bucket_bytes: int = 64 * 2**20
+    params: list[torch.Tensor],
+    group: dist.ProcessGroup,
+    bucket_bytes: int = 64 * 2**20,
+    divisor: int | None = None,
 ) -> None:
-    """Average gradients over ``group`` after backward: DDP's result for the tensor-parallel
-    layouts DDP cannot wrap. Gradients are packed into flat buckets so a few large
-    all-reduces replace many small."""
-    world = dist.get_world_size(group)
+    """Average gradients over ``group`` after backward (or sum them and divide by
+    ``divisor``): DDP's result for the tensor-parallel layouts DDP cannot wrap. Gradients are
+    packed into flat buckets so a few large all-reduces replace many small."""
+    world = divisor or dist.get_world_size(group)
     grads = [_local(p.grad) for p in params if p.grad is not None]
     for bucket in _buckets(grads, bucket_bytes):
         flat = torch.cat([g.reshape(-1) for g in bucket])

@@ -9,7 +9,10 @@ mean loss is divided by the number of micro-batches (``gas``) and gradients are 
 data-parallel and context-parallel ranks (each CP rank's loss is the mean over its equal
 share of every sequence's tokens, and ring attention sends each rank the gradient of its
 K/V from every rank's loss, so the dp·cp average is the global mean's gradient, as in
-Megatron-core).
+Megatron-core). Mixture-of-experts layers keep to it too: their balance loss is a mean over
+sequences (:mod:`parsearch.trainers.builtin.moe`), and their parameters' gradients, computed
+from parts of the tokens on several ranks, are summed over those ranks and divided by dp·cp
+(:func:`~parsearch.trainers.builtin.parallelize.reduce_expert_gradients`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from parsearch.errors import TrainerError
 from parsearch.estimate import flops_per_step
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.builtin.env import RankEnv
+from parsearch.trainers.builtin.expert_parallel import expert_comm
 from parsearch.trainers.builtin.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
 from parsearch.trainers.builtin.model import Transformer, materialize
 from parsearch.trainers.builtin.parallelize import (
@@ -39,12 +43,16 @@ from parsearch.trainers.builtin.parallelize import (
     allreduce_gradients,
     apply_cp,
     apply_ddp,
+    apply_ep,
     apply_fsdp,
     apply_recompute,
     apply_tp,
     build_schedule,
+    expert_parameters,
     make_loss,
+    moe_layers,
     no_gradient_sync,
+    reduce_expert_gradients,
     schedule_used,
     split_stage,
     stage_ids,
@@ -100,6 +108,8 @@ class ParallelJob:
         # Gradients are averaged, and ZeRO shards, over dp·cp (torchtitan's dp_shard_cp).
         replicas = self.mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else self.mesh["dp"]
         self._loss = make_loss(self.mesh["tp"])
+        refuse_unsupported_moe(spec)
+        self.comm = expert_comm(self.mesh, layout) if model.moe is not None else None
         precision = resolve_precision(settings, device)
         self.param_dtype = torch.bfloat16 if precision == "bf16" else None
         with torch.device("meta"):
@@ -111,20 +121,29 @@ class ParallelJob:
         ]
         for stage in self.stages:
             apply_tp(stage, self.mesh["tp"], layout.sequence_parallel)
+            apply_ep(stage, self.comm)
             materialize(stage, device, spec.seed)
             apply_cp(stage, self.mesh["cp"])
             apply_recompute(stage, layout.recompute)
             if layout.zero_stage:
-                apply_fsdp(stage, replicas, layout.zero_stage, self.param_dtype)
+                ignored = set().union(*expert_parameters([stage]))
+                apply_fsdp(stage, replicas, layout.zero_stage, self.param_dtype, ignored)
+        expert_params = {id(p) for p in set().union(*expert_parameters(self.stages))}
+        if layout.pp == 1:  # else the pipeline schedule divides gradients by gas itself
+            for stage in self.stages:
+                for moe in moe_layers(stage):
+                    moe.loss_scale = 1.0 / layout.gas
         # What runs forward: the stages, or their DDP wrappers.
         self.modules: list[nn.Module] = list(self.stages)
         self.replicas = replicas.size()
         plain_dp = self.replicas > 1 and layout.zero_stage == 0
-        self.manual_dp = plain_dp and (layout.tp > 1 or layout.pp > 1)
+        # DDP would average the MoE layers' gradients over dp, not their own groups.
+        self.manual_dp = plain_dp and (layout.tp > 1 or layout.pp > 1 or self.comm is not None)
         self.dp_group = replicas.get_group()
         if plain_dp and not self.manual_dp:
             self.modules = [apply_ddp(self.stages[0], replicas)]
         self.params = list({id(p): p for m in self.stages for p in m.parameters()}.values())
+        self.dense_params = [p for p in self.params if id(p) not in expert_params]
         self.optimizer = torch.optim.AdamW(
             _groups_by_mesh(self.params),
             lr=settings.lr,
@@ -164,8 +183,8 @@ class ParallelJob:
                 torch._foreach_zero_(grads)
 
     def step(self) -> torch.Tensor:
-        """One optimizer step; returns this rank's share of the global mean loss (summed
-        over all ranks it gives the loss of the step)."""
+        """One optimizer step; returns this rank's share of the global mean loss and of the
+        MoE layers' balance loss (summed over all ranks they give the step's)."""
         layout = self.layout
         self._zero_grads()
         total = torch.zeros((), device=self.device)
@@ -194,12 +213,52 @@ class ParallelJob:
                 total = total + loss.detach().float()
         align_gradients(self.params)
         if self.manual_dp:
-            allreduce_gradients(self.params, self.dp_group)
+            allreduce_gradients(self.dense_params, self.dp_group)
+        if self.comm is not None:
+            reduce_expert_gradients(self.stages, self.comm)
         if self.tied_group is not None:
             sum_tied_embedding_grads(self.stages, self.tied_group)
         self.optimizer.step()
         owns_loss = self.last and self.mesh["tp"].get_local_rank() == 0
-        return total / (layout.gas * self.replicas) if owns_loss else torch.zeros_like(total)
+        share = total / (layout.gas * self.replicas) if owns_loss else torch.zeros_like(total)
+        return torch.stack([share, self._balance_share()])
+
+    def _balance_share(self) -> torch.Tensor:
+        """This rank's share of the step's balance loss: every rank's shares of a
+        micro-batch sum over tp and cp to cp times its loss (see MoE._balance_loss), so
+        divided by gas·dp·cp they sum to the mean over the step's micro-batches."""
+        shares = []
+        for stage in self.stages:
+            for moe in moe_layers(stage):
+                # One per micro-batch: the last gas. Under a pipeline the first step also runs
+                # torch's shape inference through the stage before them (torch 2.13).
+                shares.extend(moe.balance_record[-self.layout.gas :])
+                moe.balance_record.clear()
+        total = torch.stack(shares).sum() if shares else torch.zeros((), device=self.device)
+        return total.float() / (self.layout.gas * self.replicas)
+
+
+def refuse_unsupported_moe(spec: TrialSpec) -> None:
+    """The MoE settings the built-in trainer does not run, refused before any work."""
+    moe = spec.model.moe
+    if spec.layout.etp > 1:
+        raise TrainerError(
+            f"etp {spec.layout.etp}: the built-in trainer runs experts whole on each EP rank "
+            "(expert tensor parallelism, etp > 1, is not implemented); search etp: [1]"
+        )
+    layout, seq = spec.layout, spec.model.seq_length
+    tp_split = layout.tp > 1 and not layout.sequence_parallel
+    if moe is not None and tp_split and (seq // layout.cp) % layout.tp:
+        raise TrainerError(
+            f"seq_length {seq} / cp {layout.cp} not divisible by tp {layout.tp}: each tp rank "
+            "routes a slice of the sequence through the MoE layers; use sequence_parallel "
+            "or a sequence length that divides"
+        )
+    if moe is not None and moe.capacity_factor is not None:
+        raise TrainerError(
+            f"model.moe.capacity_factor {moe.capacity_factor}: the built-in trainer routes "
+            "dropless only (no token is dropped); leave capacity_factor out"
+        )
 
 
 def _groups_by_mesh(params: list[nn.Parameter]) -> list[dict[str, Any]]:
@@ -253,7 +312,11 @@ def process_group(env: RankEnv, device: torch.device, timeout_s: float) -> Itera
         )
     yield
     # Not on an exception: a peer may be stuck in a collective with us, and the destroy
-    # could wait for it; the failing process exits anyway.
+    # could wait for it; the failing process exits anyway. The barrier first: a rank that
+    # tore its gloo groups down while a peer was still finishing the last collective
+    # aborted ("terminate called without an active exception", 1 launch in 5 with expert
+    # parallelism's extra groups; REFERENCE.md saw the same with DeepSpeed).
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -325,7 +388,7 @@ def _report(
     """Combine every rank's figures (collectives: all ranks must call it) into rank 0's
     result."""
     device, peak, cap = job.device, run.peak, run.cap
-    step_losses = _reduce(torch.stack(run.losses), dist.ReduceOp.SUM).tolist()
+    step_losses, balance_losses = _reduce(torch.stack(run.losses), dist.ReduceOp.SUM).T.tolist()
     times = torch.tensor(run.times, device=device, dtype=torch.float64)
     step_times = _reduce(times, dist.ReduceOp.MAX)
     memory = _gather([peak.finish(), peak_rss_bytes()], device)
@@ -352,6 +415,8 @@ def _report(
         "memory_cap_bytes": cap,
         "phases_s": run.phases,
     }
+    if model.moe is not None:
+        metrics["balance_losses"] = balance_losses
     if run.status is TrialState.OOM:
         return TrialResult(
             status=run.status,
