@@ -174,10 +174,16 @@ class SearchSpace:
             yield dict(zip(names, combo, strict=True))
 
     def violations(self, layout: ParallelLayout) -> list[str]:
-        """Why ``layout`` cannot run here: the divisibility rules, then the space's own
-        exclusions (``exclude``), so no strategy ever proposes what the trainer refuses."""
+        """Why ``layout`` cannot run here: the divisibility rules, then :meth:`refusals`, so no
+        strategy ever proposes what the trainer refuses."""
         problems = layout_violations(layout, self.model, self.world_size, self.global_batch)
-        return problems + exclusion_reasons(self.exclusions, layout)
+        return problems + self.refusals(layout)
+
+    def refusals(self, layout: ParallelLayout) -> list[str]:
+        """Why a dividing layout is refused: the space's own ``exclude`` rules, then what its
+        trainer kind does not run (the built-in trainer's expert tensor parallelism, say)."""
+        kind = TRAINER_KINDS[str(self.trainer.get("kind", "builtin"))]
+        return exclusion_reasons(self.exclusions, layout) + kind.refusals(self.model, layout)
 
     def predict(self, layout: ParallelLayout) -> Prediction:
         return predict(self.model, layout, self.allocation, self.estimate, self.schedule)
@@ -207,7 +213,7 @@ class SearchSpace:
             if problems:
                 reasons[problems[0]] += 1
                 continue
-            if refused := exclusion_reasons(self.exclusions, layout):
+            if refused := self.refusals(layout):
                 excluded[refused[0]] += 1
                 continue
             prediction = self.predict(layout)

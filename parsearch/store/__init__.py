@@ -19,7 +19,8 @@ from parsearch.store.records import (
     fidelity_note,
 )
 from parsearch.store.schema import SCHEMA_VERSION
-from parsearch.store.sqlite import CampaignExistsError, SQLiteStore, resume_command
+from parsearch.store.sqlite import CampaignExistsError, SQLiteStore
+from parsearch.store.urls import resume_command
 
 
 def open_store(path: str | os.PathLike[str], readonly: bool = False) -> Store:

@@ -181,19 +181,6 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
-def without_password(url: str) -> str:
-    """The URL with its password left out (anything else unchanged), for a command a user
-    pastes; the password comes from ``PGPASSWORD`` or ``~/.pgpass``."""
-    if not is_postgres_url(url):
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{netloc}"))
-
-
 class _Cursor:
     """A psycopg cursor as the store's SQL reads it: ``lastrowid`` like sqlite3's."""
 

@@ -13,7 +13,6 @@ import math
 import numbers
 import os
 import platform
-import shlex
 import socket
 import sqlite3
 import time
@@ -41,6 +40,7 @@ from parsearch.store.records import (
     to_json,
     trials_from_rows,
 )
+from parsearch.store.urls import resume_command
 from parsearch.version import __version__
 
 if TYPE_CHECKING:
@@ -103,17 +103,6 @@ class CampaignExistsError(StoreError):
             f"continue it with `{resume_command(where, name)}` (or `run --resume`), or pass "
             "another --name"
         )
-
-
-def resume_command(store: str | os.PathLike[str], name: str) -> str:
-    """``parsearch resume`` for ``name`` in ``store`` as a user can paste it. A URL's
-    password is left out, never shown masked (a masked one would not connect): libpq reads
-    it from ``PGPASSWORD`` or ``~/.pgpass``."""
-    from parsearch.store.postgres import without_password
-
-    where = without_password(str(store))
-    note = " (the password from PGPASSWORD or ~/.pgpass)" if where != str(store) else ""
-    return f"parsearch resume --store {shlex.quote(where)} --name {shlex.quote(name)}{note}"
 
 
 class SQLiteStore:

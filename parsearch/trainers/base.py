@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult
@@ -22,12 +23,16 @@ class TrainerKind(Protocol):
       environment, files, whether they may be forked from a warm server, and the
       conclusion that turns what they left behind into the node's :class:`TrialResult`);
       the node agent (:class:`parsearch.launch.process.NodeRun`) executes the plan;
-    * :meth:`merge` concludes the trial's result from its nodes' results.
+    * :meth:`merge` concludes the trial's result from its nodes' results;
+    * :meth:`refusals` says why the kind cannot run a layout that divides (what it does not
+      implement), so the space refuses it before anything runs, as its ``exclude`` rules do.
     """
 
     name: str
 
     def validate(self, section: Mapping[str, Any], source: str) -> dict[str, Any]: ...
+
+    def refusals(self, model: ModelSpec, layout: ParallelLayout) -> list[str]: ...
 
     def plan(self, placement: NodePlacement) -> NodePlan: ...
 

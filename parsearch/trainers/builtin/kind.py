@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.errors import SpaceError
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
 from parsearch.rank_program import rank_program_plan
 from parsearch.result import TrialResult, TrialState
+from parsearch.trainers.builtin.limits import unsupported
 
 # What the warm fork server imports once for every rank it forks (torch and the trainer).
 PRELOAD = (
@@ -32,6 +34,9 @@ class BuiltinKind:
         return validate_section(
             section, lambda field, message: SpaceError(message, source=source, field=field)
         )
+
+    def refusals(self, model: ModelSpec, layout: ParallelLayout) -> list[str]:
+        return unsupported(model, layout)
 
     def plan(self, placement: NodePlacement) -> NodePlan:
         return rank_program_plan(

@@ -36,6 +36,7 @@ from parsearch.estimate import flops_per_step
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trainers.builtin.expert_parallel import expert_comm
+from parsearch.trainers.builtin.limits import unsupported
 from parsearch.trainers.builtin.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
 from parsearch.trainers.builtin.model import Transformer, materialize
 from parsearch.trainers.builtin.parallelize import (
@@ -239,26 +240,11 @@ class ParallelJob:
 
 
 def refuse_unsupported_moe(spec: TrialSpec) -> None:
-    """The MoE settings the built-in trainer does not run, refused before any work."""
-    moe = spec.model.moe
-    if spec.layout.etp > 1:
-        raise TrainerError(
-            f"etp {spec.layout.etp}: the built-in trainer runs experts whole on each EP rank "
-            "(expert tensor parallelism, etp > 1, is not implemented); search etp: [1]"
-        )
-    layout, seq = spec.layout, spec.model.seq_length
-    tp_split = layout.tp > 1 and not layout.sequence_parallel
-    if moe is not None and tp_split and (seq // layout.cp) % layout.tp:
-        raise TrainerError(
-            f"seq_length {seq} / cp {layout.cp} not divisible by tp {layout.tp}: each tp rank "
-            "routes a slice of the sequence through the MoE layers; use sequence_parallel "
-            "or a sequence length that divides"
-        )
-    if moe is not None and moe.capacity_factor is not None:
-        raise TrainerError(
-            f"model.moe.capacity_factor {moe.capacity_factor}: the built-in trainer routes "
-            "dropless only (no token is dropped); leave capacity_factor out"
-        )
+    """What the built-in trainer does not run (:func:`.limits.unsupported`), refused before
+    any work; the space refuses the same layouts before they are proposed."""
+    problems = unsupported(spec.model, spec.layout)
+    if problems:
+        raise TrainerError("; ".join(problems))
 
 
 def _groups_by_mesh(params: list[nn.Parameter]) -> list[dict[str, Any]]:

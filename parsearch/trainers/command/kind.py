@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parsearch.config import ModelSpec, ParallelLayout
 from parsearch.launch.placement import NodePlacement
 from parsearch.launch.plan import NodePlan
 from parsearch.result import TrialResult
@@ -19,6 +20,10 @@ class CommandKind:
         from parsearch.trainers.command.trainer import validate_section
 
         return validate_section(section, source)
+
+    def refusals(self, model: ModelSpec, layout: ParallelLayout) -> list[str]:
+        """None of its own: what a user's trainer refuses, its space says (``exclude``)."""
+        return []
 
     def plan(self, placement: NodePlacement) -> NodePlan:
         from parsearch.trainers.command.trainer import CommandNode
