@@ -324,10 +324,11 @@ class SpacePlan:
             common = "; ".join(f"{reason} ({n}x)" for reason, n in self.excluded.most_common(3))
             raise SpaceError(
                 f"of the {self.total} layouts in the space, {self.not_dividing_count} do not "
-                f"divide and the space's exclude rules remove the other {self.excluded_count}: "
-                f"{common}. Widen 'search' or narrow the rules",
+                f"divide and the space's exclude rules or what its trainer does not run "
+                f"remove the other {self.excluded_count}: {common}. Widen 'search' or narrow "
+                "the rules",
                 source=space.source,
-                field="exclude",
+                field="exclude" if space.exclusions else "search",
             )
         if not self.predicted_oom:
             common = "; ".join(f"{reason} ({n}x)" for reason, n in self.not_dividing.most_common(3))

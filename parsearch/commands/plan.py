@@ -208,7 +208,7 @@ def _print_table(space: Any, plan: SpacePlan, counts: dict[str, int], rows: list
     _print_profile(space)
     print(
         f"layouts: {counts['total']} total, {counts['not_dividing']} do not divide, "
-        f"{counts['excluded']} excluded by the space's rules, "
+        f"{counts['excluded']} excluded by the space's or its trainer's rules, "
         f"{counts['predicted_oom']} predicted out of memory, {counts['feasible']} feasible"
     )
     for reason, count in plan.not_dividing.most_common(3):
