@@ -38,8 +38,8 @@ _INTRA = ("tp-intra-node", "dp-intra-node")
 def scaled_settings(settings: EstimateSettings, factors: dict[str, float]) -> EstimateSettings:
     """``settings`` (already carrying a profile, :func:`~parsearch.estimate.profile.
     with_machine`) with each named figure multiplied by its factor (a rate's factor > 1 is
-    faster, a latency's or the experts' load imbalance's slower). A GEMM or attention rate
-    never passes the peak."""
+    faster, a latency's, the experts' load imbalance's or the GEMM pipeline's slower). A GEMM
+    or attention rate never passes the peak."""
     machine = settings.machine
     if machine is None:
         raise ValueError("the band needs a machine profile")
@@ -60,6 +60,12 @@ def scaled_settings(settings: EstimateSettings, factors: dict[str, float]) -> Es
             for fit in machine.collectives
         ),
     }
+    if machine.gemm_tiles is not None:
+        machine_changes["gemm_tiles"] = dataclasses.replace(
+            machine.gemm_tiles,
+            ceiling=min(machine.gemm_tiles.ceiling * gemm, 1.0),
+            k_pipeline=machine.gemm_tiles.k_pipeline * factors.get("gemm_pipeline", 1.0),
+        )
     if machine.attention_flops is not None:
         machine_changes["attention_flops"] = min(
             machine.attention_flops * factors.get("attention", 1.0),

@@ -75,6 +75,47 @@ class GemmShapePoint:
 
 
 @dataclass(frozen=True)
+class GemmTiles:
+    """How a device's BLAS cuts a GEMM: output tiles of ``tiles`` (rows x columns, the
+    largest the library picks for big shapes), one tile per compute ``units`` at a time (SMs
+    or CUs), and a K loop whose pipeline costs ``k_pipeline`` elements of K to fill and
+    drain per tile. ``ceiling``: the efficiency of a perfectly filled wave with no pipeline
+    loss, set from the profile's measured shapes (:func:`wave_ceiling`)."""
+
+    tiles: tuple[tuple[int, int], ...]
+    units: int
+    k_pipeline: float
+    ceiling: float = 1.0
+
+
+def wave_efficiency(m: float, n: float, k: float, tiles: GemmTiles) -> float:
+    """Fraction of the ceiling an ``(m x k) @ (k x n)`` GEMM reaches: tile quantisation
+    (partial tiles at the edges compute in full) and wave quantisation (the last wave of
+    ``ceil(tiles / units)`` leaves units idle), times the K loop's pipeline share
+    ``k / (k + k_pipeline)``; the best of the device's tile shapes, as the library's
+    heuristic picks. A hand-checkable case: 108 units, 128x128 tiles, ``m = n = 1536``:
+    144 tiles in 2 waves, 144/216 = 2/3 of the units' time does work."""
+    best = 0.0
+    for rows, cols in tiles.tiles:
+        count = math.ceil(m / rows) * math.ceil(n / cols)
+        waves = math.ceil(count / tiles.units)
+        best = max(best, m * n / (waves * tiles.units * rows * cols))
+    return best * k / (k + tiles.k_pipeline)
+
+
+def wave_ceiling(points: tuple[GemmShapePoint, ...], tiles: GemmTiles, peak: float) -> float:
+    """The ceiling the measured shapes imply once their own quantisation is taken out: the
+    mean over them of ``measured / (peak · wave_efficiency)``, at most 1."""
+    if not points:
+        raise ValueError("no GEMM shapes to fit")
+    ceilings = [
+        point.tflops * 1e12 / peak / wave_efficiency(point.m, point.n, point.k, tiles)
+        for point in points
+    ]
+    return min(1.0, sum(ceilings) / len(ceilings))
+
+
+@dataclass(frozen=True)
 class CollectiveFit:
     """``time(bytes) = alpha_s + bytes * beta_s_per_byte`` for one op on one group kind;
     ``bytes`` is the message each rank contributes (the full buffer of an all-reduce)."""
@@ -89,6 +130,7 @@ class CollectiveFit:
 # The figures a profile may state a range for (``uncertainty:``).
 UNCERTAIN_FIGURES: dict[str, str] = {
     "gemm": "the GEMM rate (the curve's cap, or each probed point)",
+    "gemm_pipeline": "the K loop's fill and drain per tile (gemm_tiles.k_pipeline)",
     "attention": "the fused attention rate (attention_tflops)",
     "memory_bandwidth": "the memory bandwidth a streaming kernel reaches",
     "collective_latency": "every collective's per-step latency",
@@ -97,7 +139,7 @@ UNCERTAIN_FIGURES: dict[str, str] = {
     "moe_imbalance": "the busiest expert rank's tokens over the mean share (MoE models)",
 }
 # Figures whose high end makes a step slower (a latency, a load factor); the others are rates.
-SLOW_WHEN_HIGH = frozenset({"collective_latency", "moe_imbalance"})
+SLOW_WHEN_HIGH = frozenset({"collective_latency", "moe_imbalance", "gemm_pipeline"})
 UNCERTAINTY_BASES = ("assumption", "single point", "data sheet")
 
 
@@ -188,6 +230,8 @@ class MachineProfile:
     # Stated ranges of the figures that are assumptions, single points or data-sheet values
     # (:mod:`parsearch.estimate.band` turns them into a band around each prediction).
     uncertainty: tuple[FigureUncertainty, ...] = ()
+    # The device's GEMM tiling (tile and wave quantisation by shape), when the profile gives it.
+    gemm_tiles: GemmTiles | None = None
 
     def gemm_efficiency(self, tp: int, mbs: int, seq: int) -> float | None:
         """The measured efficiency at this shape, or at the nearest measured one with the same

@@ -14,6 +14,7 @@ A profile looks like::
     attention_tflops: 346                       # optional: fused attention, fwd+bwd
     measured: {by: parsearch probe, backend: local, ...}   # free-form: how
     sources: [...]                              # optional: where each figure came from
+    gemm_tiles: {tiles: [[128, 128]], units: 108, k_pipeline: 128}   # optional: by shape
     gemm:
       - {tp: 2, mbs: 4, seq: 128, efficiency: 0.41}     # a layer, probed at a space's shape
       - {m: 8192, n: 8192, k: 8192, tflops: 140.0}      # or one GEMM, from a benchmark
@@ -25,8 +26,11 @@ A profile looks like::
       gemm: {low: 0.8639, high: 1.0, basis: single point, reason: "...", measured: [127]}
 
 ``allocation.nodes`` may be left out: the profile then describes a node shape and fits any
-number of nodes (a shipped device profile). ``compute_slots_per_node`` (CPU ranks only) is
-how many ranks of a node can compute at once. ``latency + bytes / bandwidth`` is the
+number of nodes (a shipped device profile). ``gemm_tiles`` (the BLAS's output tile
+shapes, the device's SMs or CUs and the K loop's pipeline fill in elements of K) times each
+GEMM by its shape, tile and wave quantisation
+(:func:`~parsearch.estimate.machine.wave_efficiency`). ``compute_slots_per_node`` (CPU
+ranks only) is how many ranks of a node can compute at once. ``latency + bytes / bandwidth`` is the
 alpha-beta fit of one collective (``bytes``: the buffer each rank contributes);
 ``bus_bandwidth`` is the same fit written as nccl-tests prints it, the ring's share of the
 buffer per second, so ``bandwidth = bus_bandwidth / ring_volume``. ``memory`` is counted the
@@ -58,10 +62,12 @@ from parsearch.estimate.machine import (
     FigureUncertainty,
     GemmPoint,
     GemmShapePoint,
+    GemmTiles,
     MachineProfile,
     MemoryBaseline,
     fit_gemm_curve,
     ring_volume,
+    wave_ceiling,
 )
 from parsearch.estimate.memory import EstimateSettings
 from parsearch.units import parse_bytes, parse_rate
@@ -81,6 +87,7 @@ _TOP_KEYS = (
     "collectives",
     "memory",
     "uncertainty",
+    "gemm_tiles",
 )
 _REQUIRED = ("allocation", "precision", "peak_tflops", "gemm", "collectives", "memory")
 _PRECISIONS = ("bf16", "fp16", "fp32")
@@ -260,6 +267,25 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
         device=read.text(top["device"], "device") if "device" in top else "",
         sources=tuple(read.text(line, f"sources[{i}]") for i, line in enumerate(sources)),
         uncertainty=_uncertainty(read, top.get("uncertainty", {})),
+        gemm_tiles=_gemm_tiles(read, top["gemm_tiles"]) if "gemm_tiles" in top else None,
+    )
+
+
+def _gemm_tiles(read: _Fields, value: Any) -> GemmTiles:
+    """``gemm_tiles: {tiles: [[rows, cols], ...], units, k_pipeline}``."""
+    entry = read.mapping(
+        value, "gemm_tiles", ("tiles", "units", "k_pipeline"), ("tiles", "units", "k_pipeline")
+    )
+    tiles = []
+    for index, tile in enumerate(read.items(entry["tiles"], "gemm_tiles.tiles")):
+        where = f"gemm_tiles.tiles[{index}]"
+        if not isinstance(tile, list) or len(tile) != 2:
+            raise read.error(where, f"must be [rows, cols], got {tile!r}")
+        tiles.append((read.count(tile[0], where), read.count(tile[1], where)))
+    return GemmTiles(
+        tiles=tuple(tiles),
+        units=read.count(entry["units"], "gemm_tiles.units"),
+        k_pipeline=read.number(entry["k_pipeline"], "gemm_tiles.k_pipeline"),
     )
 
 
@@ -403,6 +429,12 @@ def profile_to_dict(
         "communicator_buffers": f"{profile.memory.communicator_bytes:.0f}B",
         "allocator_reserve": profile.memory.allocator_reserve_fraction,
     }
+    if profile.gemm_tiles is not None:
+        data["gemm_tiles"] = {
+            "tiles": [list(tile) for tile in profile.gemm_tiles.tiles],
+            "units": profile.gemm_tiles.units,
+            "k_pipeline": profile.gemm_tiles.k_pipeline,
+        }
     if profile.uncertainty:
         data["uncertainty"] = {
             item.figure: {
@@ -453,7 +485,8 @@ def with_machine(
     layer's matmuls, and the best of them becomes the cap the curve tends to elsewhere
     (logits, attention), so measured and modelled matmuls share one scale. A benchmark's
     GEMM shapes set the curve itself: its cap and its half-efficiency size
-    (:func:`~parsearch.estimate.machine.fit_gemm_curve`)."""
+    (:func:`~parsearch.estimate.machine.fit_gemm_curve`), and with ``gemm_tiles`` the
+    ceiling of a full wave (:func:`~parsearch.estimate.machine.wave_ceiling`)."""
     scale = profile.peak_flops_per_device / allocation.peak_flops_per_device
     gemm = tuple(
         dataclasses.replace(point, efficiency=point.efficiency * scale) for point in profile.gemm
@@ -469,6 +502,14 @@ def with_machine(
             settings.gemm_half_efficiency_elements,
         )
         changes.update(compute_efficiency=min(cap, 1.0), gemm_half_efficiency_elements=half)
+    if profile.gemm_tiles is not None:
+        ceiling = (
+            wave_ceiling(profile.gemm_shapes, profile.gemm_tiles, allocation.peak_flops_per_device)
+            if profile.gemm_shapes
+            else changes.get("compute_efficiency", settings.compute_efficiency)
+        )
+        tiles = dataclasses.replace(profile.gemm_tiles, ceiling=ceiling)
+        changes["machine"] = dataclasses.replace(profile, gemm_tiles=tiles)
     if gemm:
         changes["compute_efficiency"] = max(point.efficiency for point in gemm)
     return dataclasses.replace(settings, **changes)

@@ -39,7 +39,7 @@ from parsearch.estimate.flops import (
     head_params,
     layer_params,
 )
-from parsearch.estimate.machine import ring_steps, ring_volume
+from parsearch.estimate.machine import ring_steps, ring_volume, wave_efficiency
 from parsearch.estimate.memory import (
     _ACTIVATION_BYTES,
     _STATE_BYTES,
@@ -155,8 +155,8 @@ def _curve(elements: float, settings: EstimateSettings) -> float:
     return settings.compute_efficiency * elements / (elements + half)
 
 
-def _layer_gemms(model: ModelSpec, layout: ParallelLayout) -> list[tuple[float, float]]:
-    """(multiply-adds, output elements) of one layer's forward matmuls on one TP rank.
+def _layer_gemms(model: ModelSpec, layout: ParallelLayout) -> list[tuple[float, float, float]]:
+    """(m tokens, n output columns, k inner) of one layer's forward matmuls on one TP rank.
 
     Column-parallel matmuls (QKV, the MLP's first) split their outputs over TP;
     row-parallel ones (attention output, the MLP's second) split their inner dimension and
@@ -166,49 +166,85 @@ def _layer_gemms(model: ModelSpec, layout: ParallelLayout) -> list[tuple[float, 
     tokens = tokens_per_rank(model, layout)
     h, t = model.hidden_size, layout.tp
     qkv = (h + 2 * model.kv_heads * model.head_dim) / t
-    gemms = [(tokens * h * qkv, tokens * qkv), (tokens * h / t * h, tokens * h)]
+    gemms = [(tokens, qkv, h), (tokens, h, h / t)]
     return gemms + _mlp_gemms(tokens, h, model.ffn / t, model.arch == "llama")
 
 
-def _mlp_gemms(tokens: float, h: int, width: float, swiglu: bool) -> list[tuple[float, float]]:
-    """(multiply-adds, output elements) of an MLP's forward matmuls over ``tokens`` tokens,
-    ``width`` of its columns on this rank."""
-    first_mlp = (tokens * h * width, tokens * width)
+def _mlp_gemms(
+    tokens: float, h: int, width: float, swiglu: bool
+) -> list[tuple[float, float, float]]:
+    """(m, n, k) of an MLP's forward matmuls over ``tokens`` tokens, ``width`` of its
+    columns on this rank."""
+    first_mlp = (tokens, width, float(h))
     gemms = [first_mlp]
     if swiglu:
         gemms.append(first_mlp)  # SwiGLU's gate
-    gemms.append((tokens * width * h, tokens * h))
+    gemms.append((tokens, float(h), width))
     return gemms
 
 
-def _curve_efficiency(gemms: list[tuple[float, float]], settings: EstimateSettings) -> float:
-    """The GEMM curve's efficiency over ``gemms``, weighted by their work."""
-    work = sum(macs for macs, _ in gemms)
-    return work / sum(macs / _curve(out, settings) for macs, out in gemms)
+def _curve_efficiency(gemms: list[tuple[float, float, float]], settings: EstimateSettings) -> float:
+    """The GEMM curve's efficiency over ``gemms`` (by output size), weighted by their work."""
+    work = sum(m * n * k for m, n, k in gemms)
+    return work / sum(m * n * k / _curve(m * n, settings) for m, n, k in gemms)
+
+
+def _shape_efficiency(
+    gemms: list[tuple[float, float, float]], settings: EstimateSettings, forwards: int = 1
+) -> float:
+    """Fraction of peak ``gemms`` reach, weighted by their work, every pass they run: the
+    profile's tile and wave model (:func:`~parsearch.estimate.machine.wave_efficiency`)
+    on each forward ``(m, n, k)``, its input gradient ``(m, k, n)`` and its weight gradient
+    ``(k, n, m)`` (``forwards``: 2 under full recompute), which shapes differ, so a narrow
+    TP slice or a short expert is slow in one pass and not another. Without ``gemm_tiles``
+    the GEMM curve of output size, forward shapes, as before."""
+    machine = settings.machine
+    tiles = machine.gemm_tiles if machine is not None else None
+    if tiles is None:
+        return _curve_efficiency(gemms, settings)
+    passes = []
+    for m, n, k in gemms:
+        passes += [(m, n, k)] * forwards + [(m, k, n), (k, n, m)]
+    work = sum(m * n * k for m, n, k in passes)
+    time = sum(m * n * k / wave_efficiency(m, n, k, tiles) for m, n, k in passes)
+    return tiles.ceiling * work / time
+
+
+def _forwards(layout: ParallelLayout) -> int:
+    return 2 if layout.recompute == "full" else 1
 
 
 def expert_gemm_efficiency(
     model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
 ) -> float:
-    """Fraction of peak a rank's routed-expert matmuls reach: the GEMM curve at their real
-    shape, one SwiGLU FFN of ``f_e/etp`` columns over the tokens one local expert gets
-    (its ``E/ep`` experts share the rank's routed token copies), which is often small."""
+    """Fraction of peak a rank's routed-expert matmuls reach at their real shape, one
+    SwiGLU FFN of ``f_e/etp`` columns over the tokens one local expert gets (its ``E/ep``
+    experts share the rank's routed token copies), which is often small."""
     assert model.moe is not None
     local_experts = model.moe.num_experts / layout.ep
     tokens = routed_tokens_per_rank(model, layout, settings) / local_experts
     width = model.moe.expert_ffn_hidden_size / layout.etp
-    return _curve_efficiency(_mlp_gemms(tokens, model.hidden_size, width, True), settings)
+    gemms = _mlp_gemms(tokens, model.hidden_size, width, True)
+    return _shape_efficiency(gemms, settings, _forwards(layout))
 
 
 def gemm_efficiency(model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings) -> float:
     """Fraction of peak a rank's layer matmuls reach: a profile's measurement at this shape,
-    or the GEMM curve averaged over the layer's matmuls, weighted by their work."""
+    or each matmul by its shape (:func:`_shape_efficiency`), weighted by their work."""
     machine = settings.machine
     if machine is not None:
         measured = machine.gemm_efficiency(layout.tp, layout.mbs, model.seq_length // layout.cp)
         if measured is not None:
             return measured
-    return _curve_efficiency(_layer_gemms(model, layout), settings)
+    return _shape_efficiency(_layer_gemms(model, layout), settings, _forwards(layout))
+
+
+def logits_gemm_efficiency(
+    model: ModelSpec, layout: ParallelLayout, settings: EstimateSettings
+) -> float:
+    """Fraction of peak the output layer's matmul reaches: ``tokens x h`` by ``h x V/tp``."""
+    gemm = (tokens_per_rank(model, layout), model.vocab_size / layout.tp, model.hidden_size)
+    return _shape_efficiency([gemm], settings)
 
 
 def unfused_softmax_bytes(
@@ -291,7 +327,7 @@ def stage_compute_s(
     t, peak, cp = layout.tp, allocation.peak_flops_per_device, layout.cp
     layers = model.num_layers
     machine = settings.machine
-    logits_eff = _curve(tokens_per_rank(model, layout) * model.vocab_size / t, settings)
+    logits_eff = logits_gemm_efficiency(model, layout, settings)
     layer_s = per_mb["matmul"] / cp / layers / t / (peak * gemm_efficiency(model, layout, settings))
     layer_s += attention_layer_s(model, layout, allocation, settings)
     logits_s = per_mb["logits"] / cp / t / (peak * logits_eff)
