@@ -19,6 +19,10 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 Arch = Literal["gpt", "llama"]
 Precision = Literal["bf16", "fp16", "fp32"]
+# The layout's GEMM precision: "auto" runs the matmuls in the space's ``estimate.precision``
+# (what it stores weights and activations in); "fp8" runs the linear layers' matmuls in FP8.
+GemmPrecision = Literal["auto", "fp8"]
+GEMM_PRECISION_CHOICES: tuple[str, ...] = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,20 @@ class ParallelLayout:
         keyed_at_default=False,
         help="expert tensor-parallel size: 1 or tp (MoE models)",
     )
+    precision: GemmPrecision = _dimension(
+        "auto",
+        kind="choice",
+        token="p=",
+        order=110,
+        choices=GEMM_PRECISION_CHOICES,
+        keyed_at_default=False,
+        heading="gemm",
+        help=(
+            "precision of the linear layers' matmuls: auto (the space's estimate.precision; a "
+            "space lists it by that name, e.g. bf16) or fp8 (devices whose profile has an FP8 "
+            "peak: H100, H200)"
+        ),
+    )
 
     @property
     def world_size(self) -> int:
@@ -446,6 +464,8 @@ def layout_violations(
     if layout.zero_stage and layout.dp * layout.cp == 1:
         # Megatron's distributed optimizer and torchtitan's FSDP shard over dp*cp.
         problems.append("zero_stage > 0 shards over data parallel ranks and needs dp*cp > 1")
+    if layout.precision not in GEMM_PRECISION_CHOICES:
+        problems.append(f"precision must be one of {list(GEMM_PRECISION_CHOICES)}")
     if layout.recompute not in RECOMPUTE_CHOICES:
         problems.append(f"recompute must be one of {list(RECOMPUTE_CHOICES)}")
     if global_batch is not None and layout.global_batch != global_batch:

@@ -370,7 +370,11 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     global_batch = None
     if "global_batch" in top:
         global_batch = reader.positive_int(top["global_batch"], "global_batch")
-    dimensions = reader.dimensions(top["search"], has_global_batch=global_batch is not None)
+    search = top["search"]
+    precisions = search.get("precision", "auto") if isinstance(search, dict) else "auto"
+    if isinstance(search, dict):
+        search = {key: value for key, value in search.items() if key != "precision"}
+    dimensions = reader.dimensions(search, has_global_batch=global_batch is not None)
     reader.context_splits(dimensions["cp"], model)
     objective = top.get("objective", "tokens_per_s")
     if objective not in OBJECTIVES:
@@ -388,6 +392,7 @@ def space_from_dict(data: Any, *, source: str = "<dict>") -> SearchSpace:
     estimate = reader.estimate(
         top.get("estimate", {}), trainer_kind=trainer["kind"], allocation=allocation
     )
+    dimensions["precision"] = reader.gemm_precisions(precisions, estimate)
     allocation = _profiled_allocation(allocation, estimate.machine)
     exclusions = parse_exclusions(top["exclude"], dimensions, source) if "exclude" in top else ()
     name = top.get("name") or Path(source).stem
@@ -679,6 +684,26 @@ class _Reader:
             raise self.error(where, f"is empty: need 1 <= low <= high, got [{low}, {high}]")
         return low, high
 
+    def gemm_precisions(self, value: Any, estimate: EstimateSettings) -> tuple[str, ...]:
+        """``search.precision``: the matmuls' precisions, named as a user names them (the
+        space's own ``estimate.precision``, e.g. bf16, or fp8), as layout values (``auto``
+        for the space's own, so a layout stored before the dimension keeps its key). FP8
+        only where the device profile gives an FP8 peak (:func:`fp8_refusal`)."""
+        values = value if isinstance(value, list) else [value]
+        own = estimate.precision
+        valid = [own, "fp8"]
+        bad = [v for v in values if v not in (*valid, "auto")]
+        if bad or not values:
+            raise self.error(
+                "search.precision",
+                f"values must be from {valid} (this space's estimate.precision is {own}), "
+                f"got {value!r}",
+            )
+        chosen = tuple(dict.fromkeys("fp8" if v == "fp8" else "auto" for v in values))
+        if "fp8" in chosen and (problem := fp8_refusal(estimate)):
+            raise self.error("search.precision", problem)
+        return chosen
+
     def trainer(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.error("trainer", f"must be a mapping, got {type(value).__name__}")
@@ -755,9 +780,29 @@ def apply_profile(space: SearchSpace, path: str | Path) -> SearchSpace:
     return space_with_profile(space, load_profile(path))
 
 
+def fp8_refusal(estimate: EstimateSettings) -> str:
+    """Why this space's device cannot train in FP8 ("" where it can): FP8 matmuls need a
+    device profile with an FP8 peak (H100, H200; not A100 or MI250X)."""
+    machine = estimate.machine
+    if machine is None:
+        return (
+            "fp8 needs a device profile with an FP8 peak (estimate.machine: h100-sxm-dgx or "
+            "h200-sxm-hgx); this space names none"
+        )
+    if machine.fp8_peak_flops is None:
+        return (
+            f"fp8 needs a device with FP8 tensor cores; profile {machine.name} "
+            f"({machine.device or machine.path}) gives no fp8_peak_tflops (H100 and H200 do; "
+            "A100 and MI250X have no FP8)"
+        )
+    return ""
+
+
 def space_with_profile(space: SearchSpace, profile: MachineProfile) -> SearchSpace:
     check_profile(profile, space.allocation, space.estimate.precision, source=profile.path)
     estimate = with_machine(space.estimate, profile, space.allocation)
+    if "fp8" in space.dimensions.get("precision", ()) and (problem := fp8_refusal(estimate)):
+        raise SpaceError(problem, source=space.source, field="search.precision")
     allocation = _profiled_allocation(space.allocation, profile)
     return dataclasses.replace(space, estimate=estimate, allocation=allocation)
 

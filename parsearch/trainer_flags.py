@@ -83,6 +83,11 @@ def megatron_args(layout: ParallelLayout, space: SearchSpace) -> str:
         args += ["--context-parallel-size", str(layout.cp), "--cp-comm-type", MEGATRON_RING]
     if space.model.moe is not None:
         args += _megatron_moe_args(layout, space.model)
+    if layout.precision == "fp8":
+        # Transformer Engine FP8 (transformer_config.py ``fp8``: e4m3 or hybrid; ``Fp8Recipe``
+        # in megatron/core/enums.py): E4M3 forward, E5M2 gradients, amax taken in the cast
+        # with a history (delayed scaling), the recipe the estimate's casts count.
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
     return _one_per_line(args)
 
 
@@ -99,6 +104,7 @@ def megatron_deepspeed_args(layout: ParallelLayout, space: SearchSpace) -> str:
     it with ``--format deepspeed`` for ``ds_config.json``; the batch sizes in both must agree,
     and do.
     """
+    _check_no_fp8(layout, "Megatron-DeepSpeed (with its ds_config.json)")
     _check_deepspeed_pipeline(layout, "Megatron-DeepSpeed")
     _check_ulysses(layout, space, "Megatron-DeepSpeed")
     if space.model.moe is not None:
@@ -146,6 +152,7 @@ def deepspeed_config(layout: ParallelLayout, space: SearchSpace) -> str:
     the model's MoE blocks by expert-parallel ones of ``autoep_size`` ranks; see
     :func:`_check_deepspeed_experts` for what it cannot run.
     """
+    _check_no_fp8(layout, "DeepSpeed")
     _check_deepspeed_pipeline(layout, "DeepSpeed")
     _check_ulysses(layout, space, "DeepSpeed")
     _check_deepspeed_experts(layout)
@@ -262,12 +269,25 @@ def torchtitan_toml(layout: ParallelLayout, space: SearchSpace) -> str:
     checkpoint: dict[str, object] = {"mode": layout.recompute}
     if layout.recompute == "selective":
         checkpoint["selective_ac_option"] = "op"
+    sections: list[tuple[str, dict[str, object]]] = []
+    if layout.precision == "fp8":
+        # torchao float8 linears (v0.2.x job_config.py ``Float8Linear``, converter registered
+        # as "quantize.linear.float8"): tensorwise dynamic scaling, FP8 all-gather under FSDP,
+        # the output layer left in bf16 as the estimate counts it.
+        float8: dict[str, object] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        if layout.zero_stage:
+            float8["enable_fsdp_float8_all_gather"] = True
+            float8["precompute_float8_dynamic_scale_for_fsdp"] = True
+        sections = [("model", {"converters": ["quantize.linear.float8"]})]
+        sections.append(("quantize.linear.float8", float8))
+        notes.append("float8 needs [compile] enable = true for its published speed")
     lines = [f"# parsearch layout {layout.short()}: torchtitan v0.2.x job config sections"]
     lines += [f"# note: {note}" for note in notes]
     for section, values in (
         ("training", training),
         ("parallelism", parallelism),
         ("activation_checkpoint", checkpoint),
+        *sections,
     ):
         lines += ["", f"[{section}]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
@@ -403,6 +423,17 @@ def _megatron_layer_freq(moe: MoESpec, num_layers: int) -> str:
         else:
             runs.append([value, 1])
     return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+
+
+def _check_no_fp8(layout: ParallelLayout, trainer: str) -> None:
+    """DeepSpeed's config has no FP8 training setting (bf16 and fp16 only): an FP8 layout
+    cannot be exported to it as measured."""
+    if layout.precision == "fp8":
+        raise ExportError(
+            f"{trainer} cannot run {layout.short()}: DeepSpeed's config has no FP8 training "
+            "setting (only bf16 and fp16); export with --format megatron (Transformer Engine "
+            "FP8) or torchtitan (torchao float8)"
+        )
 
 
 def _check_deepspeed_pipeline(layout: ParallelLayout, trainer: str) -> None:
@@ -556,6 +587,8 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     return json.dumps(str(value))  # a TOML basic string is JSON-escaped text
 
 

@@ -631,3 +631,35 @@ def test_every_runnable_layout_of_a_shipped_moe_space_exports_or_is_refused_with
                 assert f"cannot run {layout.short()}" in str(error), error
                 seen.add("refused")
     assert outcomes == {"torchtitan": {"exported", "refused"}, "deepspeed": {"exported", "refused"}}
+
+
+def _fp8_space() -> SearchSpace:
+    from parsearch.space import load_space
+
+    return load_space(Path(__file__).parent.parent / "search_spaces/llama3-70b-h100-fp8.yaml")
+
+
+FP8_LAYOUT = ParallelLayout(
+    tp=8, pp=4, dp=4, mbs=1, gas=128, zero_stage=1, sequence_parallel=True, precision="fp8"
+)
+
+
+def test_fp8_layout_exports_megatron_fp8_flags_and_torchtitan_float8_converter():
+    space = _fp8_space()
+    args = export("megatron", FP8_LAYOUT, space).split()
+    at = args.index("--fp8-format")
+    assert args[at : at + 4] == ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"], args
+    bf16 = export("megatron", dataclasses.replace(FP8_LAYOUT, precision="auto"), space)
+    assert "--fp8-format" not in bf16, bf16
+    toml = tomllib.loads(export("torchtitan", FP8_LAYOUT, space))
+    assert toml["model"]["converters"] == ["quantize.linear.float8"], toml
+    float8 = toml["quantize"]["linear"]["float8"]
+    assert float8["recipe_name"] == "tensorwise" and float8["filter_fqns"] == ["output"], float8
+    assert float8["enable_fsdp_float8_all_gather"] is True, float8
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "megatron-deepspeed"])
+def test_deepspeed_formats_refuse_fp8_with_the_reason(fmt):
+    with pytest.raises(ExportError, match="no FP8 training setting") as caught:
+        export(fmt, FP8_LAYOUT, _fp8_space())
+    assert "--format megatron" in str(caught.value), caught.value

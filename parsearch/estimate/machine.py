@@ -224,6 +224,9 @@ class MachineProfile:
     memory_bandwidth_bytes_per_s: float | None = None
     # What a fused (flash) attention kernel reaches, forward and backward, FLOP/s.
     attention_flops: float | None = None
+    # The dense FP8 tensor-core peak, FLOP/s (None: the device has no FP8 training; a space
+    # searching ``precision: fp8`` needs it).
+    fp8_peak_flops: float | None = None
     device: str = ""
     # Where each figure came from, one line per figure (a shipped profile's sources).
     sources: tuple[str, ...] = ()

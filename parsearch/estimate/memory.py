@@ -35,6 +35,7 @@ from parsearch.estimate.flops import (
     moe_layer_dense_params,
     routed_expert_params,
 )
+from parsearch.estimate.fp8 import fp8_weight_copy_bytes
 from parsearch.estimate.machine import MachineProfile
 
 # Bytes per parameter for (weights, gradients, optimizer states) by precision. Mixed
@@ -496,4 +497,6 @@ def memory_per_rank(
 ) -> MemoryEstimate:
     """Peak predicted memory over all ranks (the stage that runs out first)."""
     stages = memory_by_stage(model, layout, settings or EstimateSettings(), schedule)
+    copies = fp8_weight_copy_bytes(model, layout)
+    stages = [replace(stage, weights=stage.weights + copies) for stage in stages]
     return max(stages, key=lambda estimate: estimate.total)

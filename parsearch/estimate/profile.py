@@ -12,6 +12,7 @@ A profile looks like::
     memory_per_device: 64GiB                    # optional: usable by a trainer
     memory_bandwidth: 1.3TB/s                   # optional: what a streaming kernel reaches
     attention_tflops: 346                       # optional: fused attention, fwd+bwd
+    fp8_peak_tflops: 1979                       # optional: dense FP8 peak (FP8 training)
     measured: {by: parsearch probe, backend: local, ...}   # free-form: how
     sources: [...]                              # optional: where each figure came from
     gemm_tiles: {tiles: [[128, 128]], units: 108, k_pipeline: 128}   # optional: by shape
@@ -81,6 +82,7 @@ _TOP_KEYS = (
     "memory_per_device",
     "memory_bandwidth",
     "attention_tflops",
+    "fp8_peak_tflops",
     "measured",
     "sources",
     "gemm",
@@ -264,6 +266,11 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> MachineProfile
             if "attention_tflops" in top
             else None
         ),
+        fp8_peak_flops=(
+            1e12 * read.number(top["fp8_peak_tflops"], "fp8_peak_tflops")
+            if "fp8_peak_tflops" in top
+            else None
+        ),
         device=read.text(top["device"], "device") if "device" in top else "",
         sources=tuple(read.text(line, f"sources[{i}]") for i, line in enumerate(sources)),
         uncertainty=_uncertainty(read, top.get("uncertainty", {})),
@@ -405,6 +412,8 @@ def profile_to_dict(
         data["memory_bandwidth"] = f"{profile.memory_bandwidth_bytes_per_s / 1e9:.6g}GB/s"
     if profile.attention_flops is not None:
         data["attention_tflops"] = profile.attention_flops / 1e12
+    if profile.fp8_peak_flops is not None:
+        data["fp8_peak_tflops"] = profile.fp8_peak_flops / 1e12
     if measured:
         data["measured"] = measured
     elif profile.source:

@@ -39,6 +39,7 @@ from parsearch.estimate.flops import (
     head_params,
     layer_params,
 )
+from parsearch.estimate.fp8 import fp8_layer_s
 from parsearch.estimate.machine import ring_steps, ring_volume, wave_efficiency
 from parsearch.estimate.memory import (
     _ACTIVATION_BYTES,
@@ -329,6 +330,7 @@ def stage_compute_s(
     machine = settings.machine
     logits_eff = logits_gemm_efficiency(model, layout, settings)
     layer_s = per_mb["matmul"] / cp / layers / t / (peak * gemm_efficiency(model, layout, settings))
+    layer_s = fp8_layer_s(layer_s, model, layout, settings, memory_bandwidth(allocation, settings))
     layer_s += attention_layer_s(model, layout, allocation, settings)
     logits_s = per_mb["logits"] / cp / t / (peak * logits_eff)
     if not settings.flash_attention:
@@ -371,6 +373,7 @@ def moe_layer_s(
     expert_macs = routed_tokens_per_rank(model, layout, settings) * 3 * h * expert_width
     layer_s = 2 * passes * dense_macs / (peak * gemm_efficiency(model, layout, settings))
     layer_s += 2 * passes * expert_macs / (peak * expert_gemm_efficiency(model, layout, settings))
+    layer_s = fp8_layer_s(layer_s, model, layout, settings, memory_bandwidth(allocation, settings))
     layer_s += attention_layer_s(model, layout, allocation, settings)
     if not settings.flash_attention:
         layer_s += unfused_softmax_bytes(model, layout, settings) / memory_bandwidth(

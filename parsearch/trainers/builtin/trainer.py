@@ -36,6 +36,7 @@ from parsearch.estimate import flops_per_step
 from parsearch.result import TrialResult, TrialState
 from parsearch.trainers.builtin.env import RankEnv
 from parsearch.trainers.builtin.expert_parallel import expert_comm
+from parsearch.trainers.builtin.fp8 import fp8_unsupported, to_float8
 from parsearch.trainers.builtin.limits import unsupported
 from parsearch.trainers.builtin.memory import TensorPeak, peak_rss_bytes, reset_peak_rss
 from parsearch.trainers.builtin.model import Transformer, materialize
@@ -121,6 +122,8 @@ class ParallelJob:
             split_stage(whole, i, num_stages) if num_stages > 1 else whole for i in self.ids
         ]
         for stage in self.stages:
+            if layout.precision == "fp8":
+                to_float8(stage)
             apply_tp(stage, self.mesh["tp"], layout.sequence_parallel)
             apply_ep(stage, self.comm)
             materialize(stage, device, spec.seed)
@@ -327,6 +330,9 @@ def train(
     settings = TrainerSettings.from_spec(spec)
     device = resolve_device(settings, spec, env)
     check_layout(spec.layout, spec.model, env.world_size)
+    if spec.layout.precision == "fp8" and (problem := fp8_unsupported(device)):
+        # Every rank sees the same kind of device: all return before any collective.
+        return TrialResult(status=TrialState.INFEASIBLE, error=problem) if env.rank == 0 else None
     began = time.perf_counter()
     job = ParallelJob(spec, settings, device)
     run = Measurements(TensorPeak(device), settings.memory_cap(spec), phases=dict(phases or {}))
