@@ -1029,7 +1029,89 @@ def report_moe(runs: list[MoeRun] | None = None) -> dict[str, dict[str, float]]:
     }
 
 
+LLAMA3_70B = ModelSpec(
+    name="llama3-70b",
+    num_layers=80,
+    hidden_size=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    ffn_hidden_size=28672,
+    vocab_size=128256,
+    seq_length=8192,
+    arch="llama",
+)
+
+
+@dataclass(frozen=True)
+class Fp8Run:
+    """One published FP8-vs-BF16 pair: the same model and layout measured both ways (all
+    torchtitan, float8 tensorwise through torchao, on H100s), as its speed-up."""
+
+    label: str
+    model: ModelSpec
+    layout: ParallelLayout
+    speedup: float
+    source: str
+
+
+TITAN_2412 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 1"
+TITAN_ASYNC_TP = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
+TITAN_PERF = "pytorch/torchtitan docs/performance.md, Llama 3.1 table"
+
+
+def fp8_published() -> list[Fp8Run]:
+    """Issue 50, item 4 (the rows and their figures are those the `fp8` branch transcribed,
+    benchmarks/README.md, issue 50 items 2-4): torchtitan's local batch size is per
+    data-parallel rank and step, one micro-batch; its TP shards norms over the sequence."""
+
+    def shape(tp: int, fsdp: int, mbs: int, recompute: str) -> ParallelLayout:
+        return ParallelLayout(
+            tp=tp, pp=1, dp=fsdp, mbs=mbs, gas=1, zero_stage=3, recompute=recompute,
+            sequence_parallel=tp > 1,
+        )  # fmt: skip
+
+    return [
+        Fp8Run("llama3.1-8b fsdp8", LLAMA31_8B, shape(1, 8, 2, "selective"),
+               8532 / 6667, TITAN_2412),
+        Fp8Run("llama3-70b fsdp32 tp8", LLAMA3_70B, shape(8, 32, 16, "full"),
+               809.8 / 597.3, TITAN_ASYNC_TP),
+        Fp8Run("llama3-8b fsdp8 tp8", LLAMA31_8B, shape(8, 8, 12, "selective"),
+               5078.1 / 4378, TITAN_ASYNC_TP),
+        Fp8Run("llama3.1-405b fsdp16 tp8", LLAMA31_405B, shape(8, 16, 2, "full"),
+               177 / 109, TITAN_PERF),
+    ]  # fmt: skip
+
+
+def report_fp8(runs: list[Fp8Run] | None = None) -> dict[str, float]:
+    """Issue 50, item 4: the estimate's FP8/BF16 step-time ratio for each published pair
+    (the h100-sxm-dgx profile, torch's memory accounting and torchao's cast cost) against
+    the measured speed-up, and how many lie within ±10%."""
+    runs = fp8_published() if runs is None else runs
+    profile = load_profile("h100-sxm-dgx")
+    settings = with_machine(EstimateSettings(framework="torch"), profile, H100_GRAND_TETON)
+    print("\n### published FP8 / BF16 speed-ups (torchtitan float8 tensorwise, H100)\n")
+    print("| run | layout | measured | predicted | predicted / measured | source |")
+    print("|---|---|---|---|---|---|")
+    ratios = []
+    for run in runs:
+        bf16 = predict(run.model, run.layout, H100_GRAND_TETON, settings)
+        fp8 = predict(run.model, replace(run.layout, precision="fp8"), H100_GRAND_TETON, settings)
+        predicted = bf16.step_time_s / fp8.step_time_s
+        ratios.append(predicted / run.speedup)
+        print(
+            f"| {run.label} | {run.layout.short()} | {run.speedup:.2f}x | {predicted:.2f}x | "
+            f"{predicted / run.speedup:.2f} | {run.source} |"
+        )
+    within = sum(abs(r - 1) <= 0.10 for r in ratios)
+    print(f"\n{within} of {len(runs)} within ±10%; ratio {min(ratios):.2f}–{max(ratios):.2f}")
+    return {"within": within, "rows": len(runs), "ratio_min": min(ratios),
+            "ratio_max": max(ratios)}  # fmt: skip
+
+
 def main() -> None:
+    if "--fp8" in sys.argv[1:]:
+        report_fp8()
+        return
     if "--moe" in sys.argv[1:]:
         report_moe()
         return
@@ -1064,6 +1146,7 @@ def main() -> None:
     report_band_on_tables()
     report_cp()
     report_moe()
+    report_fp8()
     print("\n### Summary\n")
     print("| set | ratio range | pairwise | Spearman | same best |")
     print("|---|---|---|---|---|")

@@ -111,3 +111,14 @@ def test_builtin_trainer_on_cpu_ends_fp8_infeasible_with_the_reason(tmp_path):
     result = json.loads(out.read_text())
     assert result["status"] == "infeasible", result
     assert "compute capability" in result["error"] and "cpu" in result["error"], result
+
+
+def test_the_published_fp8_speed_ups_load_and_each_gets_the_estimates_ratio(capsys):
+    from estimate_fidelity import fp8_published, report_fp8
+
+    runs = fp8_published()
+    assert len(runs) >= 4 and all(run.source and run.speedup > 1 for run in runs), runs
+    summary = report_fp8(runs)
+    assert summary["rows"] == len(runs)
+    assert 0.5 < summary["ratio_min"] <= summary["ratio_max"] < 1.5, summary
+    assert "within ±10%" in capsys.readouterr().out
