@@ -64,7 +64,6 @@ def test_a_narrow_tensor_parallel_slice_is_slower_per_flop_than_a_wide_one():
         ("a100-80gb-dgx", 108),
         ("h100-sxm-dgx", 132),
         ("h200-sxm-hgx", 132),
-        ("mi250x-frontier", 110),
     ],
 )
 def test_shipped_tiles_load_cite_and_widen_the_band(name, units):
