@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -353,8 +355,22 @@ def test_a_writer_that_died_mid_transaction(tmp_path: Path) -> None:
     assert (tmp_path / "s.db-journal").exists()
     with pytest.raises(StoreError, match=r"unfinished write .*parsearch resume"):
         SQLiteStore(path, readonly=True)
-    with SQLiteStore(path) as store:
-        assert store.counts(campaign_id)[TrialState.OK] == 3
+
+    # A reader that lands while a live writer is about to roll the journal back (another
+    # driver of a shared store) waits for it instead of failing.
+    def writer_comes() -> None:
+        time.sleep(0.5)
+        with SQLiteStore(path) as writer:
+            writer.counts(campaign_id)
+
+    helper = threading.Thread(target=writer_comes)
+    started = time.monotonic()
+    helper.start()
+    with SQLiteStore(path, readonly=True) as reader:
+        assert reader.counts(campaign_id)[TrialState.OK] == 3
+    waited = time.monotonic() - started
+    helper.join()
+    assert waited >= 0.4, f"read after {waited:.2f} s, before the writer rolled back at 0.5 s"
     assert not (tmp_path / "s.db-journal").exists()
 
 
