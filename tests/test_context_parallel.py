@@ -17,6 +17,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -109,13 +110,11 @@ def test_context_parallel_trains_like_one_process(world, tmp_path, reference):
         assert item["grad_error"] < 1e-4, (name, "largest relative gradient error", item)
 
 
-@pytest.fixture(scope="module")
-def long_context(tmp_path_factory):
-    """The long-context space run through ``parsearch run`` on the local backend: its
-    loaded space and each layout's measured peak bytes per rank, by cp."""
-    directory = tmp_path_factory.mktemp("long-context")
+def two_trials_through_the_cli(space: dict, directory: Path) -> tuple[Path, Any]:
+    """``space`` (two layouts) run through ``parsearch run`` on the local backend: its file
+    and the store's trials frame, once both trials ended ok."""
     space_file, db = directory / "space.yaml", directory / "c.db"
-    space_file.write_text(yaml.safe_dump(LONG_CONTEXT))
+    space_file.write_text(yaml.safe_dump(space))
     run = subprocess.run(
         [sys.executable, "-m", "parsearch", "run", str(space_file), "--store", str(db),
          "--budget", "2"],
@@ -123,7 +122,15 @@ def long_context(tmp_path_factory):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "budget reached; 2/2 trials finished (ok 2)" in run.stdout, run.stdout
-    frame = parsearch.results(db)
+    return space_file, parsearch.results(db)
+
+
+@pytest.fixture(scope="module")
+def long_context(tmp_path_factory):
+    """The long-context space run through ``parsearch run`` on the local backend: its
+    loaded space and each layout's measured peak bytes per rank, by cp."""
+    directory = tmp_path_factory.mktemp("long-context")
+    space_file, frame = two_trials_through_the_cli(LONG_CONTEXT, directory)
     rows = zip(frame["cp"], frame["peak_mem_bytes"], strict=True)
     peaks = {int(cp): int(peak) for cp, peak in rows}
     return load_space(space_file), peaks

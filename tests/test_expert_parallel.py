@@ -13,17 +13,17 @@ process's, through :mod:`test_context_parallel`'s launcher. Then an MoE space ru
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
-import yaml
 from bench_helpers import tiny_spec
-from test_context_parallel import ROOT, launch, reference  # noqa: F401 (a fixture)
+from test_context_parallel import (  # noqa: F401 (reference: a fixture)
+    launch,
+    reference,
+    two_trials_through_the_cli,
+)
 
-import parsearch
 from parsearch.result import TrialResult
 from parsearch.trial import TrialSpec
 
@@ -112,16 +112,7 @@ MOE_SPACE = {
 def test_an_moe_trial_runs_through_the_cli(tmp_path):
     """Both layouts run on the local backend and, training the same model on the same
     tokens, report the same losses."""
-    space_file, db = tmp_path / "space.yaml", tmp_path / "m.db"
-    space_file.write_text(yaml.safe_dump(MOE_SPACE))
-    run = subprocess.run(
-        [sys.executable, "-m", "parsearch", "run", str(space_file), "--store", str(db),
-         "--budget", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert "budget reached; 2/2 trials finished (ok 2)" in run.stdout, run.stdout
-    frame = parsearch.results(db)
+    _, frame = two_trials_through_the_cli(MOE_SPACE, tmp_path)
     assert sorted(frame["ep"]) == [1, 2], frame
     rows = zip(frame["ep"], frame["losses"], strict=True)
     losses = {int(ep): json.loads(text) for ep, text in rows}

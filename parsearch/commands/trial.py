@@ -43,6 +43,8 @@ _ALIASES = {"zero": "zero_stage"}
 _BY_TOKEN = {d.token: d for d in LAYOUT_DIMENSIONS} | {
     alias: DIMENSIONS_BY_NAME[name] for alias, name in _ALIASES.items()
 }
+# Longest prefix first: "zero1" is read as zero, not as z followed by "ero1".
+_LONGEST_FIRST = sorted(_BY_TOKEN.items(), key=lambda item: -len(item[0]))
 _EXAMPLES = " ".join(
     d.token + {"int": "N", "bool": "", "choice": "|".join(d.choices)}[d.kind]
     for d in LAYOUT_DIMENSIONS
@@ -51,7 +53,7 @@ _EXAMPLES = " ".join(
 
 def _read_token(token: str) -> tuple[str, Any] | None:
     """The dimension a short-form token names and its value, or ``None``."""
-    for prefix, dimension in sorted(_BY_TOKEN.items(), key=lambda item: -len(item[0])):
+    for prefix, dimension in _LONGEST_FIRST:
         if not token.startswith(prefix):
             continue
         rest = token[len(prefix) :]
