@@ -360,13 +360,15 @@ def test_a_worker_lost_for_silence_comes_back_when_it_answers_again(tmp_path):
     trials, instead of idling for the rest of the allocation."""
     work = tmp_path / "work"
     paused: dict = {}
-    pauser = pause_first_worker(work, 4.0, paused)
+    pauser = pause_first_worker(work, 6.0, paused)
     # Trials the other worker alone needs well over the pause for: at 100 steps (about a
     # second a trial) an idle machine finished the budget before the paused worker answered
     # again (7 s campaigns), so the premise (trials left to give it) failed, on the code
-    # of 4c77633 as on today's.
+    # of 4c77633 as on today's. lost_after 3 (not 2) under a 6 s pause: with two 400-step
+    # trials on 2 cores beside another test worker, the resumed worker's heartbeats once
+    # stopped for 2 s and it was lost a second time (error 2 of 8; a fresh-clone run).
     done = run_campaign(
-        tmp_path, 3, 1, 8, "lost_after=2", "heartbeat=0.5", steps=400, timeout=300,
+        tmp_path, 3, 1, 8, "lost_after=3", "heartbeat=0.5", steps=400, timeout=300,
         options=["-disable-auto-cleanup"],
     )  # fmt: skip
     pauser.join()
